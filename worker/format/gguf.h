@@ -1,0 +1,111 @@
+// GGUF v2/v3 reader. The file is memory-mapped; metadata is parsed and fully
+// validated up front (every length, count, offset and shape is checked against
+// the file size), so later accesses never read out of bounds. Any defect is an
+// Error(kInvalidModel) whose message names the problem.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/mapped_file.h"
+
+namespace lazykv {
+
+// GGUF metadata value types (file-format ids).
+enum class GgufType : uint32_t {
+  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+};
+
+struct GgufValue;
+struct GgufArray {
+  GgufType elem_type = GgufType::kU8;
+  std::vector<GgufValue> items;
+};
+struct GgufValue {
+  GgufType type = GgufType::kU8;
+  // Integers are widened to int64/uint64, floats to double.
+  std::variant<uint64_t, int64_t, double, bool, std::string, GgufArray> value;
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  std::vector<int64_t> shape;  // GGUF order: shape[0] is the contiguous (innermost) dimension
+  DType type = DType::kF32;
+  uint64_t offset = 0;           // relative to the data section
+  const uint8_t* data = nullptr; // into the mapping (or the parsed buffer)
+  size_t bytes = 0;
+};
+
+class GgufFile {
+ public:
+  // Maps and parses a file.
+  static GgufFile open(const std::string& path);
+  // Parses bytes the caller keeps alive (fuzzing, tests).
+  static GgufFile parse(std::span<const uint8_t> bytes);
+
+  uint32_t version() const { return version_; }
+  const std::map<std::string, GgufValue, std::less<>>& metadata() const { return metadata_; }
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  const GgufTensorInfo* find_tensor(std::string_view name) const;
+  const GgufValue* find(std::string_view key) const;
+
+  // Typed getters: nullopt if absent; Error(kInvalidModel) if present with an
+  // incompatible type. Integer getters accept any integer type that fits.
+  std::optional<std::string> get_string(std::string_view key) const;
+  std::optional<int64_t> get_int(std::string_view key) const;
+  std::optional<double> get_float(std::string_view key) const;  // any numeric type
+  std::optional<bool> get_bool(std::string_view key) const;
+  std::optional<std::vector<std::string>> get_string_array(std::string_view key) const;
+  std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
+  std::optional<std::vector<double>> get_float_array(std::string_view key) const;
+
+ private:
+  void parse_bytes(std::span<const uint8_t> bytes);
+
+  MappedFile file_;  // empty when parsed from caller bytes
+  uint32_t version_ = 0;
+  std::map<std::string, GgufValue, std::less<>> metadata_;
+  std::vector<GgufTensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
+};
+
+// Writes GGUF v3 files: used by the tiny random-model generator and by tests
+// that build corrupt files on purpose.
+class GgufWriter {
+ public:
+  void set(std::string key, GgufValue value);
+  void set_string(std::string key, std::string value);
+  void set_u32(std::string key, uint32_t value);
+  void set_i32(std::string key, int32_t value);
+  void set_f32(std::string key, float value);
+  void set_bool(std::string key, bool value);
+  void set_string_array(std::string key, const std::vector<std::string>& values);
+  void set_i32_array(std::string key, const std::vector<int32_t>& values);
+  void set_f32_array(std::string key, const std::vector<float>& values);
+  // shape in GGUF order (innermost first); data must be row_bytes(type, shape[0]) * rows.
+  void add_tensor(std::string name, std::vector<int64_t> shape, DType type,
+                  std::vector<uint8_t> data);
+
+  std::vector<uint8_t> to_bytes(uint32_t alignment = 32) const;
+  void write(const std::string& path, uint32_t alignment = 32) const;
+
+ private:
+  std::vector<std::pair<std::string, GgufValue>> metadata_;
+  struct PendingTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    DType type;
+    std::vector<uint8_t> data;
+  };
+  std::vector<PendingTensor> tensors_;
+};
+
+}  // namespace lazykv
