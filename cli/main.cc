@@ -1,1 +1,45 @@
-int main() { return 0; }
+// lazykv: one binary, one subcommand per role or tool.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "common/error.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: lazykv <command> [flags]\n"
+    "commands:\n"
+    "  generate   stream a completion from a model\n"
+    "  bench      measure prefill and decode speed (JSON)\n"
+    "run 'lazykv <command> --help' for the flags of a command\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (command == "generate") return lazykv::run_generate(args);
+    if (command == "bench") return lazykv::run_bench(args);
+    if (command == "-h" || command == "--help" || command == "help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "lazykv: unknown command '%s'\n%s", command.c_str(), kUsage);
+    return 2;
+  } catch (const lazykv::Error& e) {
+    std::fprintf(stderr, "lazykv %s: error (%s): %s\n", command.c_str(),
+                 std::string(lazykv::error_code_name(e.code())).c_str(), e.what());
+    return e.code() == lazykv::ErrorCode::kInvalidArgument ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lazykv %s: internal error: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+}

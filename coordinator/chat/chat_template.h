@@ -29,6 +29,10 @@ class ChatTemplate {
   // bos_token, eos_token, tools, ...). Throws Error(kInvalidArgument) for a
   // runtime error, including raise_exception() from the template.
   std::string render(const nlohmann::json& context) const;
+  // Same, keeping the context's key order: tojson prints objects (tool
+  // schemas, tool-call arguments) in that order, as Python dicts do, so
+  // callers that parsed request JSON should pass ordered_json to match.
+  std::string render(const nlohmann::ordered_json& context) const;
 
   // The common case.
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,

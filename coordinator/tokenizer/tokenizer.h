@@ -2,6 +2,12 @@
 // Qwen2). Special tokens are matched first, the rest is split by the model's
 // pre-tokenizer regex (PCRE2 with Unicode properties) and each piece is
 // merged by rank. Encoding matches Hugging Face `tokenizers`.
+//
+// Special tokens are GGUF token types 3 (control: matched only when
+// parse_special) and 4 (user-defined: always matched), longest match first;
+// from tokenizer.json, added tokens with special=true / false. Their
+// lstrip/rstrip/single_word flags are not supported (the supported models
+// leave them false). Encoding is thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -25,10 +31,15 @@ class Tokenizer {
 
   // Reads a Hugging Face tokenizer.json (+ tokenizer_config.json beside it for
   // the chat template and bos/eos, when present).
+  // Throws Error(kNotFound) for a missing file and Error(kInvalidModel) for
+  // malformed JSON or an unsupported model, normalizer or pre-tokenizer.
   static TokenizerSpec spec_from_hf_json(const std::string& tokenizer_json_path);
 
   // parse_special: text like "<|im_start|>" becomes the special token id.
   // Does not add BOS; callers add spec().bos_id when spec().add_bos.
+  // Hugging Face only encodes valid UTF-8, so invalid sequences are replaced
+  // by U+FFFD first. A byte with no byte-level token in the vocabulary is
+  // dropped (or becomes unk_id when the model has one), as Hugging Face does.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
   // Concatenated raw bytes of the tokens (special tokens included as text
   // unless skip_special).
@@ -37,10 +48,14 @@ class Tokenizer {
   std::string token_bytes(int32_t id) const;
 
   int32_t n_vocab() const;
+  // Control tokens (the ones decode(skip_special) and StreamDecoder skip).
   bool is_special(int32_t id) const;
+  // eos_id, spec.eog_ids, and <|im_end|>, <|endoftext|>, <|eot_id|>,
+  // <|end_of_text|>, <｜end▁of▁sentence｜> when in the vocabulary.
   bool is_end_of_generation(int32_t id) const;
   // Id of an exact token text, or -1.
   int32_t find_token(std::string_view text) const;
+  // The spec it was built from; eog_ids holds every end-of-generation id.
   const TokenizerSpec& spec() const;
 
  private:

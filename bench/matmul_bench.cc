@@ -1,0 +1,104 @@
+// matmul throughput on the default model's shapes (SmolLM2-135M: hidden 576,
+// MLP 1536, vocabulary 49152). bytes_per_second counts the weight bytes read
+// per call, to compare with memory bandwidth (decode is memory-bound);
+// FLOP/s counts 2·rows·cols·batch per call (prefill is compute-bound).
+//   matmul_bench --benchmark_format=json
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/thread_pool.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant.h"
+
+namespace lazykv::cpu {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<uint8_t> random_weights(DType type, int64_t rows, int64_t cols) {
+  const size_t row = row_bytes(type, static_cast<size_t>(cols));
+  std::vector<uint8_t> data(row * static_cast<size_t>(rows));
+  const auto src = random_floats(static_cast<size_t>(cols) * 64, 1);  // 64 distinct rows, repeated
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(type, src.data() + (r % 64) * cols, data.data() + r * row, cols);
+  }
+  return data;
+}
+
+ThreadPool& pool(int threads) {
+  static ThreadPool one(1), two(2);
+  return threads == 1 ? one : two;
+}
+
+// Args: weight type id, rows, cols, batch, threads.
+void BM_Matmul(benchmark::State& state) {
+  const auto type = static_cast<DType>(state.range(0));
+  const int64_t rows = state.range(1), cols = state.range(2), batch = state.range(3);
+  const int threads = static_cast<int>(state.range(4));
+  const auto weights = random_weights(type, rows, cols);
+  const WeightMatrix w{type, rows, cols, weights.data()};
+  const auto x = random_floats(static_cast<size_t>(batch * cols), 2);
+  std::vector<float> y(static_cast<size_t>(batch * rows));
+  const size_t scratch_bytes = matmul_scratch_bytes(w, batch);
+  std::unique_ptr<uint8_t, void (*)(uint8_t*)> scratch(
+      static_cast<uint8_t*>(::operator new(scratch_bytes + 64, std::align_val_t(64))),
+      [](uint8_t* p) { ::operator delete(p, std::align_val_t(64)); });
+  ThreadPool& p = pool(threads);
+
+  for (auto _ : state) {
+    matmul(w, x.data(), batch, y.data(), scratch.get(), p);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(weights.size()));
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * cols * batch),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(dtype_traits(type).name) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                 " batch " + std::to_string(batch) + " threads " + std::to_string(threads));
+}
+
+constexpr int64_t id(DType t) { return static_cast<int64_t>(t); }
+
+void DefaultModelShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "batch", "threads"});
+  for (int64_t threads : {1, 2}) {
+    for (int64_t batch : {1, 8, 512}) {
+      b->Args({id(DType::kQ4_1), 1536, 576, batch, threads});   // MLP gate/up
+      b->Args({id(DType::kQ4_1), 576, 1536, batch, threads});   // MLP down
+      b->Args({id(DType::kQ4_1), 576, 576, batch, threads});    // attention q/o
+    }
+    b->Args({id(DType::kQ8_0), 49152, 576, 1, threads});        // tied output projection
+    b->Args({id(DType::kQ8_0), 49152, 576, 8, threads});
+    b->Args({id(DType::kQ8_0), 8192, 576, 512, threads});       // a slice: the full matrix x 512 is slow
+  }
+}
+
+void OtherTypes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "batch", "threads"});
+  for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kF16, DType::kBF16, DType::kF32}) {
+    for (int64_t batch : {1, 64}) b->Args({id(t), 1536, 768, batch, 2});
+  }
+}
+
+BENCHMARK(BM_Matmul)->Apply(DefaultModelShapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Matmul)->Name("BM_MatmulOtherTypes")->Apply(OtherTypes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace lazykv::cpu
+
+BENCHMARK_MAIN();

@@ -1,0 +1,35 @@
+// lazykv subcommands. Each takes the arguments after its name and returns the
+// process exit code; errors are thrown as lazykv::Error and reported by main.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/tokenizer/tokenizer.h"
+#include "worker/model.h"
+
+namespace lazykv {
+
+int run_generate(const std::vector<std::string>& args);
+int run_bench(const std::vector<std::string>& args);
+
+// A model with its tokenizer: from GGUF metadata, or tokenizer.json for a
+// Hugging Face directory.
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+LoadedModel load_model(const std::string& name_or_path);
+
+}  // namespace lazykv
+
+namespace lazykv {
+
+// Prompt ids for `text`: with chat, rendered through the model's chat template
+// as one user message (after an optional system message); BOS added when the
+// model asks for it and the template did not already add it.
+std::vector<int32_t> encode_prompt(const LoadedModel& m, const std::string& text, bool chat,
+                                   const std::string& system = "");
+
+}  // namespace lazykv

@@ -1,0 +1,105 @@
+// lazykv generate: streams one completion to stdout.
+#include <chrono>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "common/flags.h"
+#include "coordinator/tokenizer/stop_strings.h"
+#include "worker/forward.h"
+#include "worker/sampler.h"
+
+namespace lazykv {
+
+int run_generate(const std::vector<std::string>& args) {
+  Flags flags("generate");
+  flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
+      .add("prompt", "", "prompt text (required)")
+      .add_switch("chat", "render the prompt with the model's chat template as a user message")
+      .add("system", "", "system message (with --chat)")
+      .add("max-tokens", "256", "maximum tokens to generate")
+      .add("temperature", "0", "sampling temperature; 0 is greedy")
+      .add("top-k", "0", "keep the k most likely tokens; 0 is off")
+      .add("top-p", "1", "nucleus sampling mass; 1 is off")
+      .add("min-p", "0", "drop tokens below min-p times the top probability; 0 is off")
+      .add("seed", "0", "random seed (same seed, same output)")
+      .add("stop", "", "stop string (repeatable)")
+      .add("threads", "0", "CPU threads; 0 is all cores")
+      .add("ctx", "0", "context limit in tokens; 0 is the model's training context");
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::fputs(flags.usage().c_str(), stdout);
+    return 0;
+  }
+  if (flags.get("prompt").empty()) throw Error(ErrorCode::kInvalidArgument, "generate: --prompt is required");
+  const int64_t max_tokens = flags.get_int("max-tokens");
+  if (max_tokens < 0) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0");
+  SamplingParams sampling;
+  sampling.temperature = float(flags.get_double("temperature"));
+  sampling.top_k = int(flags.get_int("top-k"));
+  sampling.top_p = float(flags.get_double("top-p"));
+  sampling.min_p = float(flags.get_double("min-p"));
+  sampling.seed = uint64_t(flags.get_int("seed"));
+  Sampler sampler(sampling);
+  std::vector<std::string> stops;
+  for (const std::string& s : flags.get_all("stop")) {
+    if (!s.empty()) stops.push_back(s);
+  }
+
+  LoadedModel m = load_model(flags.get("model"));
+  const ModelConfig& config = m.model->config();
+  const std::vector<int32_t> prompt = encode_prompt(m, flags.get("prompt"), flags.get_bool("chat"), flags.get("system"));
+  const int64_t n_ctx = flags.get_int("ctx") > 0 ? flags.get_int("ctx") : config.n_ctx_train;
+  if (int64_t(prompt.size()) + max_tokens > n_ctx) {
+    throw Error(ErrorCode::kInvalidArgument, "prompt of " + std::to_string(prompt.size()) + " tokens plus --max-tokens " +
+                                                 std::to_string(max_tokens) + " exceeds the context of " +
+                                                 std::to_string(n_ctx) + " tokens");
+  }
+
+  ThreadPool pool(int(flags.get_int("threads")));
+  KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
+  ForwardPass forward(*m.model, cache, pool);
+  const SeqId seq = 0;
+  cache.add_sequence(seq);
+
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  BatchItem item{seq, prompt, 0, false};
+  std::span<const float> logits = forward.run({&item, 1});
+  const auto t1 = Clock::now();
+  StreamDecoder decoder(*m.tokenizer);
+  StopStringMatcher stop(stops);
+  int64_t generated = 0;
+  std::string finish = "length";
+  int32_t pos = int32_t(prompt.size());
+  while (generated < max_tokens) {
+    const int32_t id = sampler.sample(logits);
+    ++generated;
+    if (m.tokenizer->is_end_of_generation(id)) {
+      finish = "stop";
+      break;
+    }
+    const std::string text = stop.push(decoder.push(id));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    if (stop.stopped()) {
+      finish = "stop";
+      break;
+    }
+    if (generated == max_tokens) break;
+    item = BatchItem{seq, {&id, 1}, pos++, false};
+    logits = forward.run({&item, 1});
+  }
+  const std::string tail = stop.push(decoder.flush()) + stop.flush();
+  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  std::fputc('\n', stdout);
+  const auto t2 = Clock::now();
+  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr, "[%zu prompt tokens in %.3f s (%.1f tok/s); %lld generated in %.3f s (%.1f tok/s); finish: %s]\n",
+               prompt.size(), prefill_s, double(prompt.size()) / prefill_s, static_cast<long long>(generated), decode_s,
+               generated > 1 ? double(generated - 1) / decode_s : 0.0, finish.c_str());
+  return 0;
+}
+
+}  // namespace lazykv

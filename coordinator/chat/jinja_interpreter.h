@@ -1,0 +1,18 @@
+// Evaluates a parsed template against a context of variables.
+#pragma once
+
+#include <string>
+
+#include "coordinator/chat/jinja_ast.h"
+
+namespace lazykv::jinja {
+
+// Bounds that keep a hostile template from exhausting the process.
+constexpr size_t kMaxOutputBytes = size_t{64} << 20;
+constexpr int kMaxEvalDepth = 500;          // nested evaluation, including macro recursion
+constexpr uint64_t kMaxSteps = 20'000'000;  // statements and loop iterations per render
+
+// Throws Error(kInvalidArgument) for a runtime error or raise_exception().
+std::string render(const Body& program, const Json& context);
+
+}  // namespace lazykv::jinja

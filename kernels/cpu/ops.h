@@ -1,0 +1,52 @@
+// Elementwise and attention ops of the CPU backend. Stateless: callers own
+// every buffer (kernels never allocate).
+#pragma once
+
+#include <cstdint>
+
+namespace lazykv::cpu {
+
+// y[n] = x[n] / rms(x) * weight[n]. x and y may alias.
+void rms_norm(const float* x, const float* weight, float* y, int64_t n, float eps);
+
+// out[n] = silu(gate[n]) * up[n]. out may alias gate or up.
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
+// x[n] += y[n]
+void add_inplace(float* x, const float* y, int64_t n);
+
+// In-place softmax over x[n]; returns the log-sum-exp of the input.
+float softmax_inplace(float* x, int64_t n);
+
+// Pairs rotated by RoPE: kInterleaved rotates (x[2i], x[2i+1]) (GGUF Llama,
+// whose converter permuted Q/K); kNeox rotates (x[i], x[i + n_rot/2]) (HF
+// checkpoints and GGUF Qwen2).
+enum class RopeStyle { kInterleaved, kNeox };
+
+// Rotates the first n_rot dims of each of n_heads vectors x[n_heads][head_dim]
+// at position pos. inv_freq: [n_rot/2] (scaling already folded in);
+// mscale multiplies cos and sin (YaRN attention factor, else 1).
+void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, const float* inv_freq,
+          float mscale, RopeStyle style);
+
+// Attention of a group of query heads that share one KV head, over KV stored
+// as f16 in pages. For each query g: out[g] = Σ_s softmax(scale·q[g]·k_s)·v_s
+// over the slots s whose position is ≤ max_pos (causal mask).
+struct KvPages {
+  const uint16_t* const* keys;    // [n_pages] -> [page_slots][head_dim] f16
+  const uint16_t* const* values;  // [n_pages] -> [page_slots][head_dim] f16
+  const int32_t* positions;       // [n_slots] token position of each slot
+  int32_t n_slots;
+  int32_t page_slots;
+};
+// q: [n_group][head_dim] f32; out: [n_group][head_dim] f32;
+// scores: scratch [n_group][n_slots] f32, left holding the probabilities
+// (the per-slot statistics the eviction policies read);
+// lse: [n_group] receives each row's log-sum-exp (may be null).
+void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
+                     float scale, float* scores, float* out, float* lse);
+
+// Converts n floats to f16.
+void to_f16(const float* x, uint16_t* y, int64_t n);
+
+}  // namespace lazykv::cpu

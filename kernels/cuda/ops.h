@@ -1,0 +1,115 @@
+// The CUDA backend's op set: host-callable launchers that mirror
+// kernels/cpu (same formats, same semantics). Every pointer is a device
+// pointer unless said otherwise; shapes are given per argument, row-major.
+// Launches are asynchronous on `stream`; launchers validate their arguments
+// and throw lazykv::Error (kInvalidArgument for bad arguments, kInternal for
+// CUDA failures, see cuda_check.h). Kernels never allocate.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "kernels/cpu/ops.h"
+
+namespace lazykv::cuda {
+
+// True when the CUDA runtime reports at least one usable device (false when
+// there is no driver, no device, or the query fails).
+bool cuda_device_available();
+
+// ---- elementwise and normalisation --------------------------------------
+
+// y[r] = x[r] / rms(x[r]) * weight, for each row r. x and y may alias.
+void rms_norm(const float* x,       // [n_rows, n]
+              const float* weight,  // [n]
+              float* y,             // [n_rows, n]
+              int64_t n_rows, int64_t n, float eps, cudaStream_t stream);
+
+// out = silu(gate) * up. out may alias gate or up.
+void silu_mul(const float* gate,  // [n]
+              const float* up,    // [n]
+              float* out,         // [n]
+              int64_t n, cudaStream_t stream);
+
+// x += y
+void add_inplace(float* x,        // [n]
+                 const float* y,  // [n]
+                 int64_t n, cudaStream_t stream);
+
+// f32 -> f16 (round to nearest even), e.g. to append K/V to the cache.
+void to_f16(const float* x,  // [n]
+            uint16_t* y,     // [n] f16 bits
+            int64_t n, cudaStream_t stream);
+
+using RopeStyle = cpu::RopeStyle;
+
+// Rotates the first n_rot dims of every head of every token, token t at
+// positions[t] (cpu::rope applied per token). inv_freq has scaling folded in;
+// mscale multiplies cos and sin.
+void rope(float* x,                  // [n_tokens, n_heads, head_dim]
+          const int32_t* positions,  // [n_tokens]
+          const float* inv_freq,     // [n_rot / 2]
+          int64_t n_tokens, int n_heads, int head_dim, int n_rot, float mscale, RopeStyle style,
+          cudaStream_t stream);
+
+// ---- quantized rows ----------------------------------------------------------
+
+// Whether dequantize_rows handles `type`: F32, F16, BF16, Q4_0, Q4_1, Q8_0,
+// Q4_K, Q6_K (the GGML block formulas, as cpu::dequantize_row).
+bool dequantize_supported(DType type);
+
+// src must be 2-byte aligned (4 for F32); n a multiple of the block size.
+void dequantize_rows(DType type,
+                     const void* src,  // [n_rows, row_bytes(type, n)]
+                     float* dst,       // [n_rows, n]
+                     int64_t n_rows, int64_t n, cudaStream_t stream);
+
+// ---- matmul on quantized weights ---------------------------------------------
+
+// A row-major weight matrix in device memory (the layout of cpu::WeightMatrix).
+struct WeightMatrix {
+  DType type = DType::kF32;
+  int64_t rows = 0;  // output features
+  int64_t cols = 0;  // input features
+  const void* data = nullptr;  // [rows, row_bytes(type, cols)], 4-byte aligned
+};
+
+// Weight types matmul reads in place: F16, Q4_1, Q8_0.
+bool matmul_supported(DType type);
+
+// y[b][r] = Σ_k dequant(w)[r][k] · x[b][k], activations kept in f32 (no
+// activation quantization, unlike cpu::matmul). One warp per output row,
+// up to 8 activation rows per pass over the weights: meant for decode and
+// small batches.
+void matmul(const WeightMatrix& w,
+            const float* x,  // [batch, w.cols]
+            int64_t batch,
+            float* y,        // [batch, w.rows]
+            cudaStream_t stream);
+
+// ---- attention -----------------------------------------------------------------
+
+// Paged f16 KV of one KV head (cpu::KvPages with device memory): the page
+// tables themselves are device arrays of device pointers.
+struct KvPages {
+  const uint16_t* const* keys;    // [n_pages] -> [page_slots, head_dim] f16
+  const uint16_t* const* values;  // [n_pages] -> [page_slots, head_dim] f16
+  const int32_t* positions;       // [n_slots] token position of each slot
+  int32_t n_slots;
+  int32_t page_slots;
+};
+
+// cpu::attention_group on the device: for each query g of the group,
+// probs[g] = softmax(scale · q[g] · k_s) over the slots with position ≤
+// max_pos (others get probability 0; a fully masked row is all zeros with
+// lse = -inf and out = 0), out[g] = Σ_s probs[g][s] · v_s.
+void attention_group(const float* q,  // [n_group, head_dim]
+                     int n_group, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
+                     float* probs,  // [n_group, kv.n_slots] receives the probabilities
+                     float* out,    // [n_group, head_dim]
+                     float* lse,    // [n_group] log-sum-exp of each row, or null
+                     cudaStream_t stream);
+
+}  // namespace lazykv::cuda

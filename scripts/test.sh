@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sets everything up, then runs the whole test suite through ctest:
+#  1. the Release build: unit, golden (real default model) and CLI tests;
+#  2. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#  3. the libFuzzer targets over their seed corpus (clang).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+jobs=$(nproc)
+scripts/setup.sh
+
+cache="${LAZYKV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lazykv}"
+export LAZYKV_DEFAULT_MODEL="$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+echo "== Release: all tests"
+(cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== ASan/UBSan: unit tests"
+if [ ! -f build-asan/CMakeCache.txt ]; then
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLAZYKV_SANITIZE=ON -DLAZYKV_CUDA=OFF \
+    -DLAZYKV_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
+fi
+cmake --build build-asan -j"$jobs" >/dev/null || cmake --build build-asan -j1
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs" -L unit)
+
+if [ -f tests/fuzz/run_fuzzers.sh ]; then
+  echo "== libFuzzer targets"
+  if [ ! -f build-fuzz/CMakeCache.txt ]; then
+    CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DLAZYKV_FUZZ=ON -DLAZYKV_CUDA=OFF \
+      -DLAZYKV_BUILD_BENCH=OFF >/dev/null
+  fi
+  cmake --build build-fuzz -j"$jobs" --target fuzz_targets >/dev/null || cmake --build build-fuzz -j1 --target fuzz_targets
+  bash tests/fuzz/run_fuzzers.sh build-fuzz "${LAZYKV_FUZZ_SECONDS:-30}"
+fi
+echo "== all test stages passed"

@@ -1,0 +1,335 @@
+// The CUDA backend against the CPU backend on random data. Every test that
+// launches a kernel skips itself (GTEST_SKIP) where no CUDA device is usable;
+// the argument and error checks at the end run everywhere.
+#include "kernels/cuda/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/thread_pool.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+
+namespace lazykv::cuda {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void synchronize() { LAZYKV_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device: the CUDA backend is not exercised";
+  }
+};
+
+// Tolerance: |a - b| <= abs + rel * |b|.
+void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, float abs_tol, float rel_tol,
+                  const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  int reported = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const float tol = abs_tol + rel_tol * std::fabs(expected[i]);
+    if (!(std::fabs(actual[i] - expected[i]) <= tol) && reported++ < 5) {
+      ADD_FAILURE() << what << " [" << i << "]: cuda " << actual[i] << " cpu " << expected[i] << " tol " << tol;
+    }
+  }
+}
+
+// ---- elementwise --------------------------------------------------------------
+
+// Float accumulation order differs (tree vs double sum on the CPU): 1e-5 relative.
+TEST_F(CudaOpsTest, RmsNormMatchesCpu) {
+  const int64_t rows = 3, n = 1000;  // n not a multiple of the block size
+  const auto x = random_floats(rows * n, 1, 2.0f);
+  const auto weight = random_floats(n, 2);
+  std::vector<float> expected(rows * n);
+  for (int64_t r = 0; r < rows; ++r) cpu::rms_norm(&x[r * n], weight.data(), &expected[r * n], n, 1e-5f);
+
+  DeviceBuffer<float> d_x(x), d_w(weight), d_y(rows * n);
+  rms_norm(d_x.data(), d_w.data(), d_y.data(), rows, n, 1e-5f, nullptr);
+  expect_close(d_y.to_host(), expected, 1e-6f, 1e-5f, "rms_norm");
+  rms_norm(d_x.data(), d_w.data(), d_x.data(), rows, n, 1e-5f, nullptr);  // in place
+  expect_close(d_x.to_host(), expected, 1e-6f, 1e-5f, "rms_norm in place");
+}
+
+// expf and std::exp are both within ~1 ulp: 2e-6 relative.
+TEST_F(CudaOpsTest, SiluMulMatchesCpu) {
+  const int64_t n = 10007;
+  const auto gate = random_floats(n, 3, 4.0f);
+  const auto up = random_floats(n, 4);
+  std::vector<float> expected(n);
+  cpu::silu_mul(gate.data(), up.data(), expected.data(), n);
+
+  DeviceBuffer<float> d_gate(gate), d_up(up), d_out(n);
+  silu_mul(d_gate.data(), d_up.data(), d_out.data(), n, nullptr);
+  expect_close(d_out.to_host(), expected, 1e-7f, 2e-6f, "silu_mul");
+}
+
+// One rounding each: exact.
+TEST_F(CudaOpsTest, AddAndToF16MatchCpuExactly) {
+  const int64_t n = 4099;
+  auto x = random_floats(n, 5, 3.0f);
+  const auto y = random_floats(n, 6);
+  DeviceBuffer<float> d_x(x), d_y(y);
+  DeviceBuffer<uint16_t> d_h(n);
+  add_inplace(d_x.data(), d_y.data(), n, nullptr);
+  to_f16(d_x.data(), d_h.data(), n, nullptr);
+
+  cpu::add_inplace(x.data(), y.data(), n);
+  std::vector<uint16_t> expected_h(n);
+  cpu::to_f16(x.data(), expected_h.data(), n);
+  EXPECT_EQ(d_x.to_host(), x);
+  EXPECT_EQ(d_h.to_host(), expected_h);
+}
+
+// Angles up to ~3000 rad; sinf/cosf vs libm each within a couple of ulp: 2e-5.
+TEST_F(CudaOpsTest, RopeMatchesCpuBothStyles) {
+  const int n_heads = 3, head_dim = 64, n_rot = 48;  // partial rotary dims stay untouched
+  const std::vector<int32_t> positions = {0, 1, 17, 3000};
+  const int64_t n_tokens = static_cast<int64_t>(positions.size());
+  std::vector<float> inv_freq(n_rot / 2);
+  for (int i = 0; i < n_rot / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(n_rot));
+  for (const auto style : {RopeStyle::kInterleaved, RopeStyle::kNeox}) {
+    for (const float mscale : {1.0f, 0.8f}) {
+      const auto x = random_floats(n_tokens * n_heads * head_dim, 7);
+      std::vector<float> expected = x;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        cpu::rope(&expected[t * n_heads * head_dim], n_heads, head_dim, n_rot, positions[t], inv_freq.data(), mscale,
+                  style);
+      }
+      DeviceBuffer<float> d_x(x), d_freq(inv_freq);
+      DeviceBuffer<int32_t> d_pos(positions);
+      rope(d_x.data(), d_pos.data(), d_freq.data(), n_tokens, n_heads, head_dim, n_rot, mscale, style, nullptr);
+      expect_close(d_x.to_host(), expected, 2e-5f, 2e-5f,
+                   std::string("rope ") + (style == RopeStyle::kNeox ? "neox" : "interleaved"));
+    }
+  }
+}
+
+// ---- dequantization ---------------------------------------------------------------
+
+// The same block formulas; only FMA contraction may differ: 1e-6 relative.
+TEST_F(CudaOpsTest, DequantizeRowsMatchesCpu) {
+  const int64_t rows = 3, n = 512;
+  for (const DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0,
+                           DType::kQ4_K, DType::kQ6_K}) {
+    const std::string name(dtype_traits(type).name);
+    ASSERT_TRUE(dequantize_supported(type)) << name;
+    const auto x = random_floats(rows * n, 8, 0.5f);
+    const size_t row_size = row_bytes(type, n);
+    std::vector<uint8_t> packed(rows * row_size);
+    std::vector<float> expected(rows * n);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::quantize_row(type, &x[r * n], &packed[r * row_size], n);
+      cpu::dequantize_row(type, &packed[r * row_size], &expected[r * n], n);
+    }
+    DeviceBuffer<uint8_t> d_packed(packed);
+    DeviceBuffer<float> d_out(rows * n);
+    dequantize_rows(type, d_packed.data(), d_out.data(), rows, n, nullptr);
+    expect_close(d_out.to_host(), expected, 1e-7f, 1e-6f, "dequantize " + name);
+  }
+}
+
+// ---- matmul -------------------------------------------------------------------------
+
+struct MatmulCase {
+  DType type;
+  int64_t rows, cols, batch;
+};
+
+// Against the exact product of the dequantized weights (double accumulation):
+// |err| <= 1e-5 · Σ|w||x| bounds f32 summation error. Against cpu::matmul,
+// which quantizes activations to 8 bits: the RMS difference stays under 2%
+// of the outputs' RMS (a wrong layout gives ~100%).
+TEST_F(CudaOpsTest, MatmulMatchesCpu) {
+  const std::vector<MatmulCase> cases = {
+      {DType::kQ4_1, 37, 256, 1},  {DType::kQ4_1, 64, 1024, 5}, {DType::kQ4_1, 13, 96, 11},
+      {DType::kQ8_0, 37, 256, 1},  {DType::kQ8_0, 64, 1024, 8}, {DType::kQ8_0, 13, 96, 17},
+      {DType::kF16, 37, 256, 1},   {DType::kF16, 64, 1024, 9},  {DType::kF16, 13, 100, 3},  // 100: unvectorized path
+  };
+  ThreadPool pool(2);
+  for (const MatmulCase& c : cases) {
+    const std::string name = std::string(dtype_traits(c.type).name) + " " + std::to_string(c.rows) + "x" +
+                             std::to_string(c.cols) + " batch " + std::to_string(c.batch);
+    ASSERT_TRUE(matmul_supported(c.type)) << name;
+    const auto w_f = random_floats(c.rows * c.cols, 9, 0.3f);
+    const auto x = random_floats(c.batch * c.cols, 10);
+    const size_t row_size = row_bytes(c.type, c.cols);
+    std::vector<uint8_t> w_q(c.rows * row_size);
+    std::vector<float> w_deq(c.rows * c.cols);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      cpu::quantize_row(c.type, &w_f[r * c.cols], &w_q[r * row_size], c.cols);
+      cpu::dequantize_row(c.type, &w_q[r * row_size], &w_deq[r * c.cols], c.cols);
+    }
+
+    DeviceBuffer<uint8_t> d_w(w_q);
+    DeviceBuffer<float> d_x(x), d_y(c.batch * c.rows);
+    matmul(WeightMatrix{c.type, c.rows, c.cols, d_w.data()}, d_x.data(), c.batch, d_y.data(), nullptr);
+    const auto y = d_y.to_host();
+
+    const cpu::WeightMatrix cpu_w{c.type, c.rows, c.cols, w_q.data()};
+    const size_t scratch_bytes = cpu::matmul_scratch_bytes(cpu_w, c.batch);
+    void* scratch = ::operator new(scratch_bytes + 64, std::align_val_t(64));
+    std::vector<float> y_cpu(c.batch * c.rows);
+    cpu::matmul(cpu_w, x.data(), c.batch, y_cpu.data(), scratch, pool);
+    ::operator delete(scratch, std::align_val_t(64));
+
+    double diff2 = 0.0, norm2 = 0.0;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (int64_t r = 0; r < c.rows; ++r) {
+        double exact = 0.0, magnitude = 0.0;
+        for (int64_t k = 0; k < c.cols; ++k) {
+          exact += double(w_deq[r * c.cols + k]) * x[b * c.cols + k];
+          magnitude += std::fabs(double(w_deq[r * c.cols + k]) * x[b * c.cols + k]);
+        }
+        const float got = y[b * c.rows + r];
+        EXPECT_NEAR(got, exact, 1e-5 * magnitude + 1e-6) << name << " y[" << b << "][" << r << "]";
+        diff2 += (double(got) - y_cpu[b * c.rows + r]) * (double(got) - y_cpu[b * c.rows + r]);
+        norm2 += exact * exact;
+      }
+    }
+    EXPECT_LT(std::sqrt(diff2 / norm2), 0.02) << name << ": cuda vs cpu::matmul";
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------
+
+struct AttentionCase {
+  int n_group, head_dim;
+  int32_t n_slots, page_slots;
+  int64_t max_pos;
+};
+
+// Probabilities 1e-6 absolute + 1e-5 relative, outputs and lse 2e-5.
+void check_attention(const AttentionCase& c, uint32_t seed) {
+  const std::string name = "group " + std::to_string(c.n_group) + " head_dim " + std::to_string(c.head_dim) +
+                           " slots " + std::to_string(c.n_slots) + " max_pos " + std::to_string(c.max_pos);
+  const int32_t n_pages = (c.n_slots + c.page_slots - 1) / c.page_slots;
+  const size_t page_elems = size_t(c.page_slots) * c.head_dim;
+  std::vector<std::vector<uint16_t>> key_pages(n_pages), value_pages(n_pages);
+  for (int32_t p = 0; p < n_pages; ++p) {
+    for (auto* pages : {&key_pages, &value_pages}) {
+      const auto f = random_floats(page_elems, seed + 100 + 2 * p + (pages == &value_pages));
+      (*pages)[p].resize(page_elems);
+      cpu::to_f16(f.data(), (*pages)[p].data(), static_cast<int64_t>(page_elems));
+    }
+  }
+  // Slots hold positions out of order (as after eviction and compaction).
+  std::vector<int32_t> positions(c.n_slots);
+  for (int32_t s = 0; s < c.n_slots; ++s) positions[s] = (s * 7) % std::max(c.n_slots, 1);
+  const auto q = random_floats(size_t(c.n_group) * c.head_dim, seed);
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+
+  std::vector<const uint16_t*> host_keys, host_values;
+  for (int32_t p = 0; p < n_pages; ++p) {
+    host_keys.push_back(key_pages[p].data());
+    host_values.push_back(value_pages[p].data());
+  }
+  const cpu::KvPages cpu_kv{host_keys.data(), host_values.data(), positions.data(), c.n_slots, c.page_slots};
+  std::vector<float> probs(size_t(c.n_group) * c.n_slots), out(size_t(c.n_group) * c.head_dim), lse(c.n_group);
+  cpu::attention_group(q.data(), c.n_group, c.head_dim, cpu_kv, c.max_pos, scale, probs.data(), out.data(),
+                       lse.data());
+
+  std::vector<DeviceBuffer<uint16_t>> d_key_pages, d_value_pages;
+  std::vector<const uint16_t*> device_keys, device_values;
+  for (int32_t p = 0; p < n_pages; ++p) {
+    device_keys.push_back(d_key_pages.emplace_back(key_pages[p]).data());
+    device_values.push_back(d_value_pages.emplace_back(value_pages[p]).data());
+  }
+  DeviceBuffer<const uint16_t*> d_keys(device_keys), d_values(device_values);
+  DeviceBuffer<int32_t> d_positions(positions);
+  DeviceBuffer<float> d_q(q), d_probs(probs.size()), d_out(out.size()), d_lse(lse.size());
+  const KvPages kv{d_keys.data(), d_values.data(), d_positions.data(), c.n_slots, c.page_slots};
+  attention_group(d_q.data(), c.n_group, c.head_dim, kv, c.max_pos, scale, d_probs.data(), d_out.data(),
+                  d_lse.data(), nullptr);
+  synchronize();
+
+  expect_close(d_probs.to_host(), probs, 1e-6f, 1e-5f, "probs " + name);
+  expect_close(d_out.to_host(), out, 2e-5f, 2e-5f, "out " + name);
+  const auto got_lse = d_lse.to_host();
+  for (int g = 0; g < c.n_group; ++g) {
+    if (std::isinf(lse[g])) {
+      EXPECT_TRUE(std::isinf(got_lse[g]) && got_lse[g] < 0) << "lse " << name;
+    } else {
+      EXPECT_NEAR(got_lse[g], lse[g], 2e-5f * (1.0f + std::fabs(lse[g]))) << "lse " << name;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, AttentionGroupMatchesCpu) {
+  check_attention({4, 64, 70, 16, 69}, 11);     // last page partial, nothing masked
+  check_attention({4, 64, 70, 16, 40}, 12);     // causal mask hides some slots
+  check_attention({8, 128, 300, 32, 150}, 13);  // larger group and head
+  check_attention({1, 96, 1, 16, 0}, 14);       // a single slot, head_dim not a multiple of 32
+}
+
+TEST_F(CudaOpsTest, AttentionFullyMaskedGivesZeros) {
+  check_attention({2, 64, 20, 16, -1}, 15);
+}
+
+// ---- no device needed -------------------------------------------------------------------
+
+TEST(CudaCheck, ThrowsInternalErrorNamingTheCall) {
+  try {
+    LAZYKV_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    const std::string message = e.what();
+    EXPECT_NE(message.find("cuda_ops_test.cc"), std::string::npos) << message;
+    EXPECT_NE(message.find("cudaErrorInvalidValue"), std::string::npos) << message;
+  }
+  EXPECT_NO_THROW(LAZYKV_CUDA_CHECK(cudaSuccess));
+}
+
+TEST(CudaOps, RejectsUnsupportedArgumentsBeforeLaunching) {
+  EXPECT_FALSE(dequantize_supported(DType::kQ8_K));
+  EXPECT_FALSE(matmul_supported(DType::kQ4_K));
+  float dummy = 0.0f;
+  const auto expect_invalid = [](auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << "no exception";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    }
+  };
+  expect_invalid([&] { dequantize_rows(DType::kQ8_K, &dummy, &dummy, 1, 256, nullptr); });
+  expect_invalid([&] { dequantize_rows(DType::kQ4_0, &dummy, &dummy, 1, 33, nullptr); });
+  expect_invalid([&] { matmul(WeightMatrix{DType::kQ4_K, 1, 256, &dummy}, &dummy, 1, &dummy, nullptr); });
+  expect_invalid([&] { rope(&dummy, nullptr, nullptr, 1, 1, 4, 3, 1.0f, RopeStyle::kNeox, nullptr); });
+}
+
+TEST(DeviceBuffer, EmptyBufferNeedsNoDevice) {
+  DeviceBuffer<float> empty;
+  EXPECT_EQ(empty.size(), 0u);
+  EXPECT_EQ(empty.data(), nullptr);
+  EXPECT_TRUE(empty.to_host().empty());
+  DeviceBuffer<float> moved(std::move(empty));
+  EXPECT_EQ(moved.bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace lazykv::cuda

@@ -1,0 +1,120 @@
+#include "worker/kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/error.h"
+
+namespace lazykv {
+namespace {
+
+KvCacheConfig small_config(size_t capacity = 0) { return {2, 2, 8, 4, capacity}; }
+
+std::vector<uint16_t> row(uint16_t value) { return std::vector<uint16_t>(8, value); }
+
+void append_tokens(KvCache& cache, SeqId seq, int first_pos, int n) {
+  cache.reserve(seq, n);
+  for (int t = 0; t < n; ++t) {
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        const auto k = row(uint16_t(first_pos + t));
+        const auto v = row(uint16_t(1000 + first_pos + t));
+        cache.append(seq, l, h, first_pos + t, k.data(), v.data());
+      }
+    }
+  }
+}
+
+uint16_t key_at(const KvCache& cache, SeqId seq, int l, int h, int slot) {
+  const cpu::KvPages view = cache.view(seq, l, h);
+  return view.keys[slot / view.page_slots][(slot % view.page_slots) * 8];
+}
+
+uint16_t value_at(const KvCache& cache, SeqId seq, int l, int h, int slot) {
+  const cpu::KvPages view = cache.view(seq, l, h);
+  return view.values[slot / view.page_slots][(slot % view.page_slots) * 8 + 7];
+}
+
+TEST(KvCache, AppendsAcrossPages) {
+  KvCache cache(small_config());
+  cache.add_sequence(7);
+  append_tokens(cache, 7, 0, 10);
+  EXPECT_EQ(cache.n_slots(7, 1, 1), 10);
+  // 2 layers * 2 heads * ceil(10 / 4) pages.
+  EXPECT_EQ(cache.bytes_used(), 12 * cache.page_bytes());
+  EXPECT_EQ(cache.page_bytes(), 4u * 8 * 2 * 2);
+  for (int s = 0; s < 10; ++s) {
+    EXPECT_EQ(key_at(cache, 7, 1, 0, s), s);
+    EXPECT_EQ(value_at(cache, 7, 0, 1, s), 1000 + s);
+    EXPECT_EQ(cache.positions(7, 0, 0)[size_t(s)], s);
+  }
+}
+
+TEST(KvCache, CompactsOneHeadInPlaceAndFreesPages) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 10);
+  const size_t before = cache.bytes_used();
+  const std::vector<int32_t> keep = {0, 3, 9};
+  cache.compact(1, 1, 0, keep);
+  EXPECT_EQ(cache.n_slots(1, 1, 0), 3);
+  EXPECT_EQ(cache.n_slots(1, 1, 1), 10);  // other heads untouched
+  EXPECT_EQ(cache.bytes_used(), before - 2 * cache.page_bytes());
+  for (size_t i = 0; i < keep.size(); ++i) {
+    EXPECT_EQ(key_at(cache, 1, 1, 0, int(i)), keep[i]);
+    EXPECT_EQ(value_at(cache, 1, 1, 0, int(i)), 1000 + keep[i]);
+    EXPECT_EQ(cache.positions(1, 1, 0)[i], keep[i]);
+  }
+  // Appending after compaction continues in the same table.
+  append_tokens(cache, 1, 10, 1);
+  EXPECT_EQ(cache.n_slots(1, 1, 0), 4);
+  EXPECT_EQ(key_at(cache, 1, 1, 0, 3), 10);
+}
+
+TEST(KvCache, RejectsBadCompactIndices) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 5);
+  const std::vector<int32_t> unordered = {2, 1};
+  const std::vector<int32_t> out_of_range = {0, 5};
+  EXPECT_THROW(cache.compact(1, 0, 0, unordered), Error);
+  EXPECT_THROW(cache.compact(1, 0, 0, out_of_range), Error);
+}
+
+TEST(KvCache, CapacityIsEnforcedWithoutPartialChange) {
+  KvCache cache(small_config(/*capacity=*/8 * 256));  // 8 pages of 256 bytes
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 8);  // 2 pages per head * 4 heads = 8 pages
+  EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
+  try {
+    cache.reserve(1, 1);
+    FAIL() << "reserve past capacity must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+  }
+  EXPECT_EQ(cache.n_slots(1, 0, 0), 8);
+  EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
+  cache.remove_sequence(1);
+  EXPECT_EQ(cache.bytes_used(), 0u);
+  cache.add_sequence(2);
+  append_tokens(cache, 2, 0, 8);  // the freed pages are reused
+  EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
+}
+
+TEST(KvCache, SequencesAreIsolated) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  cache.add_sequence(2);
+  append_tokens(cache, 1, 0, 3);
+  append_tokens(cache, 2, 100, 5);
+  EXPECT_EQ(cache.n_slots(1, 0, 0), 3);
+  EXPECT_EQ(cache.n_slots(2, 0, 0), 5);
+  EXPECT_EQ(key_at(cache, 2, 0, 0, 0), 100);
+  EXPECT_THROW(cache.add_sequence(1), Error);
+  EXPECT_THROW(cache.n_slots(3, 0, 0), Error);
+  EXPECT_THROW(cache.append(1, 0, 0, 3, row(0).data(), row(0).data()), Error);  // no reserve
+}
+
+}  // namespace
+}  // namespace lazykv

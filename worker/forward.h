@@ -1,0 +1,52 @@
+// One forward pass over a batch of sequences: prefill chunks and single decode
+// tokens mixed freely (what continuous batching needs). Keys and values of the
+// new tokens are appended to the KV cache; attention reads each sequence's own
+// per-head slot tables.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "worker/kv_cache.h"
+#include "worker/model.h"
+
+namespace lazykv {
+
+struct BatchItem {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;  // new tokens of this sequence
+  int32_t start_pos = 0;            // position of tokens[0]
+  bool all_logits = false;          // logits for every token, not only the last
+};
+
+class ForwardPass {
+ public:
+  ForwardPass(const Model& model, KvCache& cache, ThreadPool& pool);
+
+  // Returns logits, [rows][n_vocab] with rows in batch order: tokens.size()
+  // rows for items with all_logits, else 1. Valid until the next call.
+  // Throws Error(kOutOfMemory) if the KV cache is full (nothing appended then),
+  // Error(kInvalidArgument) for token ids outside the vocabulary.
+  std::span<const float> run(std::span<const BatchItem> batch);
+
+  int n_vocab() const { return model_.config().n_vocab; }
+
+ private:
+  void ensure_buffers(int64_t n_tokens, int64_t n_logit_rows, int32_t max_slots);
+  void matmul(const cpu::WeightMatrix& w, const float* x, int64_t rows, float* y);
+
+  const Model& model_;
+  KvCache& cache_;
+  ThreadPool& pool_;
+  // Activation buffers, grown on demand and reused across calls.
+  std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
+  std::vector<uint16_t> k16_, v16_;
+  std::vector<std::vector<float>> scores_;  // per thread [n_group][max_slots]
+  std::vector<uint8_t> scratch_raw_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace lazykv

@@ -1,0 +1,164 @@
+#include "worker/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+
+namespace lazykv {
+
+KvCache::KvCache(const KvCacheConfig& config)
+    : config_(config),
+      page_bytes_(size_t(config.page_slots) * config.head_dim * 2 * sizeof(uint16_t)) {
+  if (config.n_layer <= 0 || config.n_head_kv <= 0 || config.head_dim <= 0 || config.page_slots <= 0) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: layers, heads, head_dim and page_slots must be positive");
+  }
+}
+
+KvCache::~KvCache() = default;
+
+void KvCache::add_sequence(SeqId seq) {
+  if (seqs_.count(seq) != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: sequence " + std::to_string(seq) + " already exists");
+  }
+  seqs_[seq].heads.resize(size_t(config_.n_layer) * config_.n_head_kv);
+}
+
+void KvCache::remove_sequence(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  for (HeadTable& h : it->second.heads) {
+    for (int32_t p : h.pages) give_page(p);
+  }
+  seqs_.erase(it);
+}
+
+bool KvCache::has_sequence(SeqId seq) const { return seqs_.count(seq) != 0; }
+
+KvCache::HeadTable& KvCache::head(SeqId seq, int layer, int kv_head) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
+  }
+  return it->second.heads[size_t(layer) * config_.n_head_kv + kv_head];
+}
+
+const KvCache::HeadTable& KvCache::head(SeqId seq, int layer, int kv_head) const {
+  return const_cast<KvCache*>(this)->head(seq, layer, kv_head);
+}
+
+uint16_t* KvCache::page_keys(int32_t page) const {
+  uint8_t* base = chunks_[size_t(page) / kPagesPerChunk].get() + size_t(page % kPagesPerChunk) * page_bytes_;
+  return reinterpret_cast<uint16_t*>(base);
+}
+
+uint16_t* KvCache::page_values(int32_t page) const {
+  return page_keys(page) + size_t(config_.page_slots) * config_.head_dim;
+}
+
+int32_t KvCache::take_page() {
+  if (free_pages_.empty()) {
+    const int32_t first = int32_t(pool_pages_);
+    chunks_.emplace_back(new uint8_t[page_bytes_ * kPagesPerChunk]);
+    pool_pages_ += kPagesPerChunk;
+    for (int32_t p = int32_t(pool_pages_) - 1; p >= first; --p) free_pages_.push_back(p);
+  }
+  const int32_t page = free_pages_.back();
+  free_pages_.pop_back();
+  ++pages_in_use_;
+  return page;
+}
+
+void KvCache::give_page(int32_t page) {
+  free_pages_.push_back(page);
+  --pages_in_use_;
+}
+
+void KvCache::reserve(SeqId seq, int n_new) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
+  }
+  size_t needed = 0;
+  for (const HeadTable& h : it->second.heads) {
+    const size_t slots = h.positions.size() + size_t(n_new);
+    const size_t pages = (slots + config_.page_slots - 1) / config_.page_slots;
+    if (pages > h.pages.size()) needed += pages - h.pages.size();
+  }
+  if (config_.capacity_bytes != 0 && (pages_in_use_ + needed) * page_bytes_ > config_.capacity_bytes) {
+    throw Error(ErrorCode::kOutOfMemory,
+                "kv cache: " + std::to_string(needed * page_bytes_) + " more bytes needed, " +
+                    std::to_string(config_.capacity_bytes - pages_in_use_ * page_bytes_) + " of " +
+                    std::to_string(config_.capacity_bytes) + " free");
+  }
+  for (HeadTable& h : it->second.heads) {
+    const size_t slots = h.positions.size() + size_t(n_new);
+    while (h.pages.size() * config_.page_slots < slots) {
+      const int32_t p = take_page();
+      h.pages.push_back(p);
+      h.key_ptrs.push_back(page_keys(p));
+      h.value_ptrs.push_back(page_values(p));
+    }
+    h.positions.reserve(slots);
+  }
+}
+
+void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v) {
+  HeadTable& h = head(seq, layer, kv_head);
+  const size_t slot = h.positions.size();
+  if (slot >= h.pages.size() * config_.page_slots) {
+    throw Error(ErrorCode::kInternal, "kv cache: append without reserve");
+  }
+  const int32_t page = h.pages[slot / config_.page_slots];
+  const size_t offset = (slot % config_.page_slots) * config_.head_dim;
+  std::memcpy(page_keys(page) + offset, k, config_.head_dim * sizeof(uint16_t));
+  std::memcpy(page_values(page) + offset, v, config_.head_dim * sizeof(uint16_t));
+  h.positions.push_back(pos);
+}
+
+int32_t KvCache::n_slots(SeqId seq, int layer, int kv_head) const {
+  return int32_t(head(seq, layer, kv_head).positions.size());
+}
+
+std::span<const int32_t> KvCache::positions(SeqId seq, int layer, int kv_head) const {
+  return head(seq, layer, kv_head).positions;
+}
+
+cpu::KvPages KvCache::view(SeqId seq, int layer, int kv_head) const {
+  const HeadTable& h = head(seq, layer, kv_head);
+  return cpu::KvPages{h.key_ptrs.data(), h.value_ptrs.data(), h.positions.data(),
+                      int32_t(h.positions.size()), config_.page_slots};
+}
+
+void KvCache::compact(SeqId seq, int layer, int kv_head, std::span<const int32_t> keep) {
+  HeadTable& h = head(seq, layer, kv_head);
+  const int32_t n = int32_t(h.positions.size());
+  const size_t row = size_t(config_.head_dim);
+  int32_t prev = -1;
+  for (size_t dst = 0; dst < keep.size(); ++dst) {
+    const int32_t src = keep[dst];
+    if (src <= prev || src >= n) {
+      throw Error(ErrorCode::kInternal, "kv cache: compact indices must be increasing and in range");
+    }
+    prev = src;
+    if (size_t(src) == dst) continue;
+    const int32_t sp = h.pages[size_t(src) / config_.page_slots];
+    const int32_t dp = h.pages[dst / config_.page_slots];
+    const size_t so = size_t(src % config_.page_slots) * row;
+    const size_t dof = (dst % config_.page_slots) * row;
+    std::memcpy(page_keys(dp) + dof, page_keys(sp) + so, row * sizeof(uint16_t));
+    std::memcpy(page_values(dp) + dof, page_values(sp) + so, row * sizeof(uint16_t));
+    h.positions[dst] = h.positions[size_t(src)];
+  }
+  h.positions.resize(keep.size());
+  const size_t pages_needed = (keep.size() + config_.page_slots - 1) / config_.page_slots;
+  while (h.pages.size() > pages_needed) {
+    give_page(h.pages.back());
+    h.pages.pop_back();
+    h.key_ptrs.pop_back();
+    h.value_ptrs.pop_back();
+  }
+}
+
+}  // namespace lazykv

@@ -1,0 +1,98 @@
+// Paged KV cache. Every (sequence, layer, KV head) has its own slot table: an
+// ordered list of pages and the token position held by each slot. Heads can
+// therefore keep different tokens and be compacted in place independently,
+// which is what per-head eviction needs. K and V are stored as f16; memory is
+// accounted in bytes against a fixed capacity.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+
+namespace lazykv {
+
+using SeqId = int64_t;
+
+struct KvCacheConfig {
+  int n_layer = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int page_slots = 64;            // token slots per page (per KV head)
+  size_t capacity_bytes = 0;      // 0: unbounded
+};
+
+class KvCache {
+ public:
+  explicit KvCache(const KvCacheConfig& config);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvCacheConfig& config() const { return config_; }
+
+  // Sequences. add_sequence throws Error(kInvalidArgument) if id exists.
+  void add_sequence(SeqId seq);
+  void remove_sequence(SeqId seq);  // returns its pages to the pool
+  bool has_sequence(SeqId seq) const;
+  size_t n_sequences() const { return seqs_.size(); }
+
+  // Makes room for `n_new` more slots in every (layer, KV head) of seq, so
+  // that append() never allocates (appends run in parallel across heads).
+  // Throws Error(kOutOfMemory) when the capacity would be exceeded; the cache
+  // is unchanged then.
+  void reserve(SeqId seq, int n_new);
+
+  // Appends one slot (f16 K and V rows of head_dim) at token position pos.
+  // Requires a prior reserve(). Safe to call concurrently for different heads.
+  void append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v);
+
+  int32_t n_slots(SeqId seq, int layer, int kv_head) const;
+  std::span<const int32_t> positions(SeqId seq, int layer, int kv_head) const;
+  // Page view for the attention kernel; valid until the next reserve/compact/remove.
+  cpu::KvPages view(SeqId seq, int layer, int kv_head) const;
+
+  // Keeps only the slots whose indices are listed (strictly increasing),
+  // moving them down in place (order preserved); frees emptied pages.
+  void compact(SeqId seq, int layer, int kv_head, std::span<const int32_t> keep);
+
+  size_t page_bytes() const { return page_bytes_; }
+  size_t bytes_used() const { return pages_in_use_ * page_bytes_; }
+  // Bytes of K/V data in live slots (what a policy's budget is measured in).
+  size_t slot_bytes() const { return size_t(config_.head_dim) * 2 * sizeof(uint16_t); }
+  size_t bytes_reserved() const { return pool_pages_ * page_bytes_; }
+  size_t capacity_bytes() const { return config_.capacity_bytes; }
+
+ private:
+  struct HeadTable {
+    std::vector<int32_t> pages;   // page ids, in slot order
+    std::vector<const uint16_t*> key_ptrs;
+    std::vector<const uint16_t*> value_ptrs;
+    std::vector<int32_t> positions;  // size = n slots
+  };
+  struct Sequence {
+    std::vector<HeadTable> heads;  // [n_layer * n_head_kv]
+  };
+
+  HeadTable& head(SeqId seq, int layer, int kv_head);
+  const HeadTable& head(SeqId seq, int layer, int kv_head) const;
+  int32_t take_page();
+  void give_page(int32_t page);
+  uint16_t* page_keys(int32_t page) const;
+  uint16_t* page_values(int32_t page) const;
+
+  KvCacheConfig config_;
+  size_t page_bytes_;
+  static constexpr int kPagesPerChunk = 256;
+  std::vector<std::unique_ptr<uint8_t[]>> chunks_;  // pool memory, grown on demand
+  std::vector<int32_t> free_pages_;
+  size_t pool_pages_ = 0;
+  size_t pages_in_use_ = 0;
+  std::unordered_map<SeqId, Sequence> seqs_;
+};
+
+}  // namespace lazykv

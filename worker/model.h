@@ -1,0 +1,78 @@
+// A loaded model: configuration, tokenizer description and weights. Weights
+// stay in the memory-mapped file in their stored type (quantized GGUF blocks
+// or F32/F16/BF16 safetensors); only small vectors (norms, biases) are
+// converted to f32 when the file stores them otherwise.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer_spec.h"
+#include "kernels/cpu/matmul.h"
+#include "worker/format/gguf.h"
+#include "worker/format/safetensors.h"
+#include "worker/model_config.h"
+
+namespace lazykv {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [n_embd]
+  cpu::WeightMatrix wq;              // [n_head*head_dim][n_embd]
+  cpu::WeightMatrix wk;              // [n_head_kv*head_dim][n_embd]
+  cpu::WeightMatrix wv;              // [n_head_kv*head_dim][n_embd]
+  cpu::WeightMatrix wo;              // [n_embd][n_head*head_dim]
+  const float* bq = nullptr;         // [n_head*head_dim] (Qwen2)
+  const float* bk = nullptr;         // [n_head_kv*head_dim]
+  const float* bv = nullptr;         // [n_head_kv*head_dim]
+  const float* ffn_norm = nullptr;   // [n_embd]
+  cpu::WeightMatrix w_gate;          // [n_ff][n_embd]
+  cpu::WeightMatrix w_up;            // [n_ff][n_embd]
+  cpu::WeightMatrix w_down;          // [n_embd][n_ff]
+};
+
+class Model {
+ public:
+  // path: a .gguf file or a Hugging Face directory. Throws Error(kInvalidModel)
+  // naming the problem for corrupt or unsupported models.
+  static std::unique_ptr<Model> load(const std::string& path);
+
+  const ModelConfig& config() const { return config_; }
+  // From GGUF metadata; for a HF directory only chat_template/ids may be set
+  // (the caller reads tokenizer.json).
+  const TokenizerSpec& tokenizer_spec() const { return tokenizer_; }
+  const std::string& path() const { return path_; }
+  bool is_hf_dir() const { return hf_ != nullptr; }
+
+  const cpu::WeightMatrix& token_embd() const { return token_embd_; }  // [n_vocab][n_embd]
+  const cpu::WeightMatrix& output() const { return output_; }          // [n_vocab][n_embd]
+  const float* output_norm() const { return output_norm_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const RopeTable& rope() const { return rope_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  Model() = default;
+  void load_gguf(const std::string& path);
+  void load_hf(const std::string& dir);
+  void finish();
+  const float* keep_f32(std::vector<float> values);
+
+  std::string path_;
+  ModelConfig config_;
+  TokenizerSpec tokenizer_;
+  std::unique_ptr<GgufFile> gguf_;
+  std::unique_ptr<HfModelDir> hf_;
+  std::vector<std::unique_ptr<std::vector<float>>> owned_;
+  cpu::WeightMatrix token_embd_;
+  cpu::WeightMatrix output_;
+  const float* output_norm_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  RopeTable rope_;
+  size_t weight_bytes_ = 0;
+};
+
+// Reads the tokenizer description from GGUF metadata.
+TokenizerSpec tokenizer_spec_from_gguf(const GgufFile& gguf);
+
+}  // namespace lazykv
