@@ -43,23 +43,24 @@ ThreadPool& pool(int threads) {
   return threads == 1 ? one : two;
 }
 
-// Args: weight type id, rows, cols, batch, threads.
+// Args: weight type id, rows, cols, batch, threads, precision (0 f32, 1 int8).
 void BM_Matmul(benchmark::State& state) {
   const auto type = static_cast<DType>(state.range(0));
   const int64_t rows = state.range(1), cols = state.range(2), batch = state.range(3);
   const int threads = static_cast<int>(state.range(4));
+  const auto precision = state.range(5) == 0 ? ActivationPrecision::kF32 : ActivationPrecision::kInt8;
   const auto weights = random_weights(type, rows, cols);
   const WeightMatrix w{type, rows, cols, weights.data()};
   const auto x = random_floats(static_cast<size_t>(batch * cols), 2);
   std::vector<float> y(static_cast<size_t>(batch * rows));
-  const size_t scratch_bytes = matmul_scratch_bytes(w, batch);
+  const size_t scratch_bytes = matmul_scratch_bytes(w, batch, threads, precision);
   std::unique_ptr<uint8_t, void (*)(uint8_t*)> scratch(
       static_cast<uint8_t*>(::operator new(scratch_bytes + 64, std::align_val_t(64))),
       [](uint8_t* p) { ::operator delete(p, std::align_val_t(64)); });
   ThreadPool& p = pool(threads);
 
   for (auto _ : state) {
-    matmul(w, x.data(), batch, y.data(), scratch.get(), p);
+    matmul(w, x.data(), batch, y.data(), scratch.get(), p, precision);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -69,29 +70,34 @@ void BM_Matmul(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch),
                                                   benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(dtype_traits(type).name) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
-                 " batch " + std::to_string(batch) + " threads " + std::to_string(threads));
+                 " batch " + std::to_string(batch) + " threads " + std::to_string(threads) +
+                 (precision == ActivationPrecision::kF32 ? " f32-act" : " int8-act"));
 }
 
 constexpr int64_t id(DType t) { return static_cast<int64_t>(t); }
 
 void DefaultModelShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "batch", "threads"});
-  for (int64_t threads : {1, 2}) {
-    for (int64_t batch : {1, 8, 512}) {
-      b->Args({id(DType::kQ4_1), 1536, 576, batch, threads});   // MLP gate/up
-      b->Args({id(DType::kQ4_1), 576, 1536, batch, threads});   // MLP down
-      b->Args({id(DType::kQ4_1), 576, 576, batch, threads});    // attention q/o
+  b->ArgNames({"type", "rows", "cols", "batch", "threads", "int8"});
+  for (int64_t precision : {0, 1}) {
+    for (int64_t threads : {1, 2}) {
+      for (int64_t batch : {1, 8, 512}) {
+        b->Args({id(DType::kQ4_1), 1536, 576, batch, threads, precision});   // MLP gate/up
+        b->Args({id(DType::kQ4_1), 576, 1536, batch, threads, precision});   // MLP down
+        b->Args({id(DType::kQ4_1), 576, 576, batch, threads, precision});    // attention q/o
+      }
+      b->Args({id(DType::kQ8_0), 49152, 576, 1, threads, precision});        // tied output projection
+      b->Args({id(DType::kQ8_0), 49152, 576, 8, threads, precision});
+      b->Args({id(DType::kQ8_0), 8192, 576, 512, threads, precision});       // a slice: the full matrix x 512 is slow
     }
-    b->Args({id(DType::kQ8_0), 49152, 576, 1, threads});        // tied output projection
-    b->Args({id(DType::kQ8_0), 49152, 576, 8, threads});
-    b->Args({id(DType::kQ8_0), 8192, 576, 512, threads});       // a slice: the full matrix x 512 is slow
   }
 }
 
 void OtherTypes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"type", "rows", "cols", "batch", "threads"});
-  for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kF16, DType::kBF16, DType::kF32}) {
-    for (int64_t batch : {1, 64}) b->Args({id(t), 1536, 768, batch, 2});
+  b->ArgNames({"type", "rows", "cols", "batch", "threads", "int8"});
+  for (int64_t precision : {0, 1}) {
+    for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kF16, DType::kBF16, DType::kF32}) {
+      for (int64_t batch : {1, 64}) b->Args({id(t), 1536, 768, batch, 2, precision});
+    }
   }
 }
 

@@ -36,6 +36,7 @@ std::vector<int32_t> bench_tokens(int n, int n_vocab, uint32_t salt) {
 struct Bench {
   const Model& model;
   ThreadPool& pool;
+  cpu::ActivationPrecision precision;
   int reps;
 
   KvCacheConfig cache_config() const {
@@ -49,7 +50,7 @@ struct Bench {
     const auto ids = bench_tokens(n, model.config().n_vocab, 1);
     for (int r = 0; r < reps; ++r) {
       KvCache cache(cache_config());
-      ForwardPass fp(model, cache, pool);
+      ForwardPass fp(model, cache, pool, precision);
       cache.add_sequence(0);
       BatchItem item{0, ids, 0, false};
       const auto t = Clock::now();
@@ -63,7 +64,7 @@ struct Bench {
   // context each, then `steps` decode steps of one token per sequence.
   double decode(int batch, int ctx, int steps) {
     KvCache cache(cache_config());
-    ForwardPass fp(model, cache, pool);
+    ForwardPass fp(model, cache, pool, precision);
     std::vector<int32_t> next(static_cast<size_t>(batch));
     for (int b = 0; b < batch; ++b) {
       cache.add_sequence(b);
@@ -95,6 +96,7 @@ int run_bench(const std::vector<std::string>& args) {
   Flags flags("bench");
   flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
       .add("threads", "0", "CPU threads; 0 is all cores")
+      .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
       .add("reps", "3", "repetitions; the best is reported")
       .add("prefill-tokens", "512", "prompt length of the prefill measurement")
       .add("decode-steps", "64", "decode steps per measurement");
@@ -105,7 +107,7 @@ int run_bench(const std::vector<std::string>& args) {
   }
   LoadedModel m = load_model(flags.get("model"));
   ThreadPool pool(int(flags.get_int("threads")));
-  Bench bench{*m.model, pool, std::max(1, int(flags.get_int("reps")))};
+  Bench bench{*m.model, pool, parse_activations(flags.get("activations")), std::max(1, int(flags.get_int("reps")))};
   const int steps = std::max(1, int(flags.get_int("decode-steps")));
   const int n_prefill = std::max(1, int(flags.get_int("prefill-tokens")));
 
@@ -114,6 +116,7 @@ int run_bench(const std::vector<std::string>& args) {
   out["model_path"] = m.model->path();
   out["weight_bytes"] = m.model->weight_bytes();
   out["threads"] = pool.size();
+  out["activations"] = flags.get("activations");
   out["prefill_tokens"] = n_prefill;
   out["prefill_tok_s"] = bench.prefill(n_prefill);
   out["decode_ctx128_tok_s"] = bench.decode(1, 128, steps);

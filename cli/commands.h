@@ -33,3 +33,10 @@ std::vector<int32_t> encode_prompt(const LoadedModel& m, const std::string& text
                                    const std::string& system = "");
 
 }  // namespace lazykv
+
+namespace lazykv {
+
+// Parses --activations: "f32" or "int8".
+cpu::ActivationPrecision parse_activations(const std::string& value);
+
+}  // namespace lazykv

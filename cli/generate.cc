@@ -25,6 +25,7 @@ int run_generate(const std::vector<std::string>& args) {
       .add("seed", "0", "random seed (same seed, same output)")
       .add("stop", "", "stop string (repeatable)")
       .add("threads", "0", "CPU threads; 0 is all cores")
+      .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
       .add("ctx", "0", "context limit in tokens; 0 is the model's training context");
   flags.parse(args);
   if (flags.help_requested()) {
@@ -58,7 +59,7 @@ int run_generate(const std::vector<std::string>& args) {
 
   ThreadPool pool(int(flags.get_int("threads")));
   KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
-  ForwardPass forward(*m.model, cache, pool);
+  ForwardPass forward(*m.model, cache, pool, parse_activations(flags.get("activations")));
   const SeqId seq = 0;
   cache.add_sequence(seq);
 

@@ -45,3 +45,13 @@ std::vector<int32_t> encode_prompt(const LoadedModel& m, const std::string& text
 }
 
 }  // namespace lazykv
+
+namespace lazykv {
+
+cpu::ActivationPrecision parse_activations(const std::string& value) {
+  if (value == "f32") return cpu::ActivationPrecision::kF32;
+  if (value == "int8") return cpu::ActivationPrecision::kInt8;
+  throw Error(ErrorCode::kInvalidArgument, "--activations must be f32 or int8, got '" + value + "'");
+}
+
+}  // namespace lazykv

@@ -4,7 +4,8 @@ function(lazykv_target name)
   # -Wno-maybe-uninitialized: GCC 12 reports false positives inside its own
   # AVX-512 intrinsic headers (_mm512_cvtph_ps, _mm512_extractf64x4_pd).
   target_compile_options(${name} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-maybe-uninitialized>)
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-maybe-uninitialized>)
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
 endfunction()
 

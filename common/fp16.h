@@ -16,7 +16,7 @@ inline uint32_t float_to_bits(float f) { uint32_t b; std::memcpy(&b, &f, 4); ret
 
 inline float fp16_to_fp32(uint16_t h) {
 #if defined(__F16C__)
-  return _cvtsh_ss(h);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 #else
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
@@ -36,7 +36,7 @@ inline float fp16_to_fp32(uint16_t h) {
 
 inline uint16_t fp32_to_fp16(float f) {
 #if defined(__F16C__)
-  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+  return uint16_t(_mm_cvtsi128_si32(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT)));
 #else
   const uint32_t x = float_to_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000;

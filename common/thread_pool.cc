@@ -49,7 +49,10 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   }
   wake_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  for (uint32_t spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    cpu_relax();
+    if ((spins & 255) == 255) std::this_thread::yield();  // oversubscribed: let the workers run
+  }
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
@@ -75,9 +78,10 @@ void ThreadPool::worker_loop(int index) {
   for (;;) {
     auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
     uint64_t gen;
-    while ((gen = generation_.load(std::memory_order_acquire)) == seen) {
+    for (uint32_t spins = 0; (gen = generation_.load(std::memory_order_acquire)) == seen; ++spins) {
       if (stop_.load(std::memory_order_relaxed)) return;
       cpu_relax();
+      if ((spins & 255) == 255) std::this_thread::yield();
       if (std::chrono::steady_clock::now() > spin_until) {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });

@@ -23,8 +23,8 @@ void grow(std::vector<T>& v, size_t n) {
 
 }  // namespace
 
-ForwardPass::ForwardPass(const Model& model, KvCache& cache, ThreadPool& pool)
-    : model_(model), cache_(cache), pool_(pool) {}
+ForwardPass::ForwardPass(const Model& model, KvCache& cache, ThreadPool& pool, cpu::ActivationPrecision precision)
+    : model_(model), cache_(cache), pool_(pool), precision_(precision) {}
 
 void ForwardPass::ensure_buffers(int64_t n, int64_t n_logit_rows, int32_t max_slots) {
   const ModelConfig& c = model_.config();
@@ -48,10 +48,10 @@ void ForwardPass::ensure_buffers(int64_t n, int64_t n_logit_rows, int32_t max_sl
   size_t need = 0;
   for (const LayerWeights& w : model_.layers()) {
     for (const cpu::WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
-      need = std::max(need, cpu::matmul_scratch_bytes(*m, n));
+      need = std::max(need, cpu::matmul_scratch_bytes(*m, n, pool_.size(), precision_));
     }
   }
-  need = std::max(need, cpu::matmul_scratch_bytes(model_.output(), n_logit_rows));
+  need = std::max(need, cpu::matmul_scratch_bytes(model_.output(), n_logit_rows, pool_.size(), precision_));
   if (need > scratch_bytes_) {
     scratch_raw_.assign(need + 64, 0);
     const uintptr_t p = reinterpret_cast<uintptr_t>(scratch_raw_.data());
@@ -61,7 +61,7 @@ void ForwardPass::ensure_buffers(int64_t n, int64_t n_logit_rows, int32_t max_sl
 }
 
 void ForwardPass::matmul(const cpu::WeightMatrix& w, const float* x, int64_t rows, float* y) {
-  cpu::matmul(w, x, rows, y, scratch_, pool_);
+  cpu::matmul(w, x, rows, y, scratch_, pool_, precision_);
 }
 
 std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {

@@ -23,7 +23,10 @@ struct BatchItem {
 
 class ForwardPass {
  public:
-  ForwardPass(const Model& model, KvCache& cache, ThreadPool& pool);
+  // precision: kF32 (exact, the default) or kInt8 (llama.cpp-style 8-bit
+  // activations); see kernels/cpu/matmul.h.
+  ForwardPass(const Model& model, KvCache& cache, ThreadPool& pool,
+              cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32);
 
   // Returns logits, [rows][n_vocab] with rows in batch order: tokens.size()
   // rows for items with all_logits, else 1. Valid until the next call.
@@ -40,6 +43,7 @@ class ForwardPass {
   const Model& model_;
   KvCache& cache_;
   ThreadPool& pool_;
+  cpu::ActivationPrecision precision_;
   // Activation buffers, grown on demand and reused across calls.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
   std::vector<uint16_t> k16_, v16_;

@@ -1054,7 +1054,7 @@ bool contains(const Value& container, const Value& item) {
     return false;
   }
   if (container.is_object()) return item.is_string() && container.json().contains(item.str());
-  if (container.kind() == Value::Kind::kNamespace) return item.is_string() && container.ns().find(item.str());
+  if (container.kind() == Value::Kind::kNamespace) return item.is_string() && container.ns().find(item.str()).has_value();
   fail("argument of type '" + type_name(container) + "' is not iterable");
 }
 
@@ -1102,7 +1102,7 @@ Value get_attribute(const Value& object, const std::string& name) {
   require_defined(object);
   switch (object.kind()) {
     case Value::Kind::kNamespace: {
-      const Value* v = object.ns().find(name);
+      std::optional<Value> v = object.ns().find(name);
       return v ? *v : Value::undefined("'Namespace object' has no attribute '" + name + "'");
     }
     case Value::Kind::kCallable: return Value::undefined("'function object' has no attribute '" + name + "'");

@@ -91,8 +91,10 @@ class Interpreter {
         auto caller = std::make_shared<Callable>();
         caller->name = "caller";
         const Node* block = &node;
-        caller->call = [this, block, frame](CallArgs& args) -> Value {
-          return Value(invoke_body(*block, frame, args));
+        std::weak_ptr<Frame> calling = frame;  // weak: the caller may be stored in that frame
+        caller->call = [this, block, calling](CallArgs& args) -> Value {
+          FramePtr scope = calling.lock();
+          return Value(invoke_body(*block, scope ? scope : root_, args));
         };
         const Expr& call = *node.expr;
         Value callee = eval(*call.items[0], frame);
@@ -140,32 +142,16 @@ class Interpreter {
       return;
     }
     const auto length = static_cast<int64_t>(items.size());
+    auto shared_items = std::make_shared<const std::vector<Value>>(std::move(items));
     for (int64_t i = 0; i < length; ++i) {
       step();
       auto scope = std::make_shared<Frame>();
       scope->parent = frame;
       auto loop = std::make_shared<Namespace>();
       loop->assignable = false;
-      loop->set("index", i + 1);
-      loop->set("index0", i);
-      loop->set("revindex", length - i);
-      loop->set("revindex0", length - i - 1);
-      loop->set("first", i == 0);
-      loop->set("last", i == length - 1);
-      loop->set("length", length);
-      loop->set("depth", int64_t{1});
-      loop->set("depth0", int64_t{0});
-      loop->set("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
-      loop->set("nextitem", i + 1 < length ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
-      auto cycle = std::make_shared<Callable>();
-      cycle->name = "cycle";
-      cycle->call = [i](CallArgs& args) -> Value {
-        if (args.positional.empty()) fail("no items for cycling given");
-        return args.positional[static_cast<size_t>(i) % args.positional.size()];
-      };
-      loop->set("cycle", Value::from_callable(cycle));
+      loop->loop = LoopState{i, shared_items};
       scope->vars["loop"] = Value::from_namespace(loop);
-      bind_targets(node.targets, items[static_cast<size_t>(i)], *scope);
+      bind_targets(node.targets, (*shared_items)[static_cast<size_t>(i)], *scope);
       if (exec_body(node.body, scope, out) == Flow::kBreak) break;
     }
   }
@@ -216,11 +202,11 @@ class Interpreter {
     fn->name = node.name;
     const Node* macro = &node;
     // A weak link: the macro lives in this frame, a strong one would be a cycle.
+    // Calls happen only while this interpreter renders, so `this` outlives them.
     std::weak_ptr<Frame> defining = frame;
-    FramePtr root = root_;
-    fn->call = [this, macro, defining, root](CallArgs& args) -> Value {
+    fn->call = [this, macro, defining](CallArgs& args) -> Value {
       FramePtr scope = defining.lock();
-      return Value(invoke_body(*macro, scope ? scope : root, args));
+      return Value(invoke_body(*macro, scope ? scope : root_, args));
     };
     return Value::from_callable(fn);
   }

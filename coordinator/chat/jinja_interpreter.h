@@ -10,7 +10,7 @@ namespace lazykv::jinja {
 // Bounds that keep a hostile template from exhausting the process.
 constexpr size_t kMaxOutputBytes = size_t{64} << 20;
 constexpr int kMaxEvalDepth = 500;          // nested evaluation, including macro recursion
-constexpr uint64_t kMaxSteps = 20'000'000;  // statements and loop iterations per render
+constexpr uint64_t kMaxSteps = 2'000'000;   // statements and loop iterations per render
 
 // Throws Error(kInvalidArgument) for a runtime error or raise_exception().
 std::string render(const Body& program, const Json& context);

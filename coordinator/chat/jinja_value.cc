@@ -53,10 +53,39 @@ Json Value::to_json() const {
   return nullptr;
 }
 
-const Value* Namespace::find(std::string_view name) const {
+static std::optional<Value> loop_attribute(const LoopState& loop, std::string_view name) {
+  const int64_t i = loop.index0;
+  const auto length = static_cast<int64_t>(loop.items->size());
+  if (name == "index") return Value(i + 1);
+  if (name == "index0") return Value(i);
+  if (name == "revindex") return Value(length - i);
+  if (name == "revindex0") return Value(length - i - 1);
+  if (name == "first") return Value(i == 0);
+  if (name == "last") return Value(i == length - 1);
+  if (name == "length") return Value(length);
+  if (name == "depth") return Value(int64_t{1});
+  if (name == "depth0") return Value(int64_t{0});
+  if (name == "previtem")
+    return i > 0 ? (*loop.items)[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item");
+  if (name == "nextitem")
+    return i + 1 < length ? (*loop.items)[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item");
+  if (name == "cycle") {
+    auto fn = std::make_shared<Callable>();
+    fn->name = "cycle";
+    fn->call = [i](CallArgs& args) -> Value {
+      if (args.positional.empty()) fail("no items for cycling given");
+      return args.positional[static_cast<size_t>(i) % args.positional.size()];
+    };
+    return Value::from_callable(fn);
+  }
+  return std::nullopt;
+}
+
+std::optional<Value> Namespace::find(std::string_view name) const {
+  if (loop) return loop_attribute(*loop, name);
   for (const auto& [key, value] : attrs)
-    if (key == name) return &value;
-  return nullptr;
+    if (key == name) return value;
+  return std::nullopt;
 }
 
 void Namespace::set(const std::string& name, Value value) {

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -67,10 +68,18 @@ class Value {
   std::string hint_;
 };
 
+// A for loop's position; the `loop` variable computes its attributes from it
+// on demand, so an iteration costs no more than a few allocations.
+struct LoopState {
+  int64_t index0 = 0;
+  std::shared_ptr<const std::vector<Value>> items;
+};
+
 struct Namespace {
   std::vector<std::pair<std::string, Value>> attrs;  // insertion order, for printing
   bool assignable = true;                            // false for `loop`
-  const Value* find(std::string_view name) const;
+  std::optional<LoopState> loop;
+  std::optional<Value> find(std::string_view name) const;
   void set(const std::string& name, Value value);
 };
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "kernels/cpu/matmul_f32.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
 
@@ -42,14 +43,21 @@ void check_shape(const WeightMatrix& w) {
 
 }  // namespace
 
-size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch) {
-  if (batch <= 0 || vec_dot_type(w.type) == DType::kF32) return 0;  // f32 activations are used in place
+size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads, ActivationPrecision precision) {
+  if (batch <= 0) return 0;
+  if (precision == ActivationPrecision::kF32) return matmul_f32_scratch_bytes(w, n_threads);
+  if (vec_dot_type(w.type) == DType::kF32) return 0;  // f32 activations are used in place
   return static_cast<size_t>(batch) * act_row_stride(w);
 }
 
-void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void* scratch, ThreadPool& pool) {
+void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void* scratch, ThreadPool& pool,
+            ActivationPrecision precision) {
   check_shape(w);
   if (batch <= 0 || w.rows == 0) return;
+  if (precision == ActivationPrecision::kF32) {
+    matmul_f32(w, x, batch, y, static_cast<float*>(scratch), pool);
+    return;
+  }
   const int64_t rows = w.rows, cols = w.cols;
   const DType act_type = vec_dot_type(w.type);
 

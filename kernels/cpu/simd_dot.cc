@@ -5,7 +5,9 @@
 // Integer blocks: each 32-element block dot is an exact int32 sum (u8 x s8
 // multiply-adds), scaled in float per block, as GGML does. Signed weights are
 // made unsigned by an offset whose effect, a multiple of the activation
-// block's sum, is subtracted by starting the accumulator at -offset*sum(y).
+// block's sum, is subtracted again. Single-token tiles (decode) work on groups
+// of 8 blocks so scales are applied 8 at a time; multi-token tiles (prefill)
+// go block by block, sharing each block's scale work across the tile.
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
 

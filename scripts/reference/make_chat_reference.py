@@ -200,6 +200,14 @@ def main():
 
     with open(os.path.join(args.out, "smollm2.jinja"), "w", encoding="utf-8", newline="") as f:
         f.write(extract_gguf_template(args.model))
+    # A real Qwen2.5 GGUF, when cached, is the authority for the Qwen template.
+    models_dir = os.path.dirname(args.model)
+    for entry in sorted(os.listdir(models_dir)) if os.path.isdir(models_dir) else []:
+        lowered = entry.lower()
+        if lowered.endswith(".gguf") and "qwen2.5" in lowered and "instruct" in lowered:
+            target = "qwen2.5-coder-instruct.jinja" if "coder" in lowered else "qwen2.5-instruct.jinja"
+            with open(os.path.join(args.out, target), "w", encoding="utf-8", newline="") as f:
+                f.write(extract_gguf_template(os.path.join(models_dir, entry)))
 
     env = make_environment()
     lines = []

@@ -130,7 +130,8 @@ TEST_F(CudaOpsTest, RopeMatchesCpuBothStyles) {
 
 // ---- dequantization ---------------------------------------------------------------
 
-// The same block formulas; only FMA contraction may differ: 1e-6 relative.
+// The same block formulas; nvcc may contract d*q - m into an FMA (one
+// rounding fewer), so allow a few ulp of values of magnitude ~1: 1e-6.
 TEST_F(CudaOpsTest, DequantizeRowsMatchesCpu) {
   const int64_t rows = 3, n = 512;
   for (const DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0,
@@ -148,7 +149,7 @@ TEST_F(CudaOpsTest, DequantizeRowsMatchesCpu) {
     DeviceBuffer<uint8_t> d_packed(packed);
     DeviceBuffer<float> d_out(rows * n);
     dequantize_rows(type, d_packed.data(), d_out.data(), rows, n, nullptr);
-    expect_close(d_out.to_host(), expected, 1e-7f, 1e-6f, "dequantize " + name);
+    expect_close(d_out.to_host(), expected, 1e-6f, 1e-6f, "dequantize " + name);
   }
 }
 
@@ -160,7 +161,8 @@ struct MatmulCase {
 };
 
 // Against the exact product of the dequantized weights (double accumulation):
-// |err| <= 1e-5 · Σ|w||x| bounds f32 summation error. Against cpu::matmul,
+// |err| <= 5e-5 · Σ|w||x| covers f32 summation (Q4_1 sums d·(q·x) and
+// m·Σx separately, terms up to ~8x |w·x|) yet is ~0.1% of a typical output. Against cpu::matmul,
 // which quantizes activations to 8 bits: the RMS difference stays under 2%
 // of the outputs' RMS (a wrong layout gives ~100%).
 TEST_F(CudaOpsTest, MatmulMatchesCpu) {
@@ -205,7 +207,7 @@ TEST_F(CudaOpsTest, MatmulMatchesCpu) {
           magnitude += std::fabs(double(w_deq[r * c.cols + k]) * x[b * c.cols + k]);
         }
         const float got = y[b * c.rows + r];
-        EXPECT_NEAR(got, exact, 1e-5 * magnitude + 1e-6) << name << " y[" << b << "][" << r << "]";
+        EXPECT_NEAR(got, exact, 5e-5 * magnitude + 1e-6) << name << " y[" << b << "][" << r << "]";
         diff2 += (double(got) - y_cpu[b * c.rows + r]) * (double(got) - y_cpu[b * c.rows + r]);
         norm2 += exact * exact;
       }

@@ -29,23 +29,43 @@ struct AlignedBuffer {
   uint8_t* data;
 };
 
-// Runs matmul on a random matrix and checks every output against
-// vec_dot_scalar on the same quantized activations.
-void check_matmul(DType type, int64_t rows, int64_t cols, int64_t batch, int threads, uint32_t seed) {
+// Runs matmul on a random matrix and checks every output: the int8 path
+// against vec_dot_scalar on the same quantized activations, the f32 path
+// against a double-precision dot of the dequantized weights with x.
+void check_matmul(DType type, int64_t rows, int64_t cols, int64_t batch, int threads, uint32_t seed,
+                  ActivationPrecision precision) {
   SCOPED_TRACE(std::string(dtype_traits(type).name) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
-               " batch=" + std::to_string(batch) + " threads=" + std::to_string(threads));
+               " batch=" + std::to_string(batch) + " threads=" + std::to_string(threads) +
+               (precision == ActivationPrecision::kF32 ? " f32" : " int8"));
   const auto w_f = random_floats(static_cast<size_t>(rows * cols), seed, 0.3f);
   const auto x = random_floats(static_cast<size_t>(batch * cols), seed + 1);
   const auto w_q = quantize(type, w_f);
   const WeightMatrix w{type, rows, cols, w_q.data()};
 
-  const size_t scratch_bytes = matmul_scratch_bytes(w, batch);
+  const size_t scratch_bytes = matmul_scratch_bytes(w, batch, threads, precision);
   AlignedBuffer scratch(scratch_bytes);
   std::memset(scratch.data, 0xA5, scratch_bytes + 64);  // guard bytes after the end
   std::vector<float> y(static_cast<size_t>(batch * rows), std::nanf(""));
   ThreadPool pool(threads);
-  matmul(w, x.data(), batch, y.data(), scratch.data, pool);
+  matmul(w, x.data(), batch, y.data(), scratch.data, pool, precision);
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(scratch.data[scratch_bytes + i], 0xA5) << "scratch overrun";
+
+  if (precision == ActivationPrecision::kF32) {
+    std::vector<float> w_deq(static_cast<size_t>(rows * cols));
+    const size_t w_row = row_bytes(type, static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) dequantize_row(type, w_q.data() + r * w_row, w_deq.data() + r * cols, cols);
+    for (int64_t t = 0; t < batch; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double dot = 0.0, magnitude = 0.0;
+        for (int64_t k = 0; k < cols; ++k) {
+          dot += double(w_deq[r * cols + k]) * x[t * cols + k];
+          magnitude += std::fabs(double(w_deq[r * cols + k]) * x[t * cols + k]);
+        }
+        ASSERT_NEAR(y[t * rows + r], dot, 1e-6 * magnitude + 1e-6) << "row " << r << " token " << t;
+      }
+    }
+    return;
+  }
 
   const DType act_type = vec_dot_type(type);
   const size_t w_row = row_bytes(type, static_cast<size_t>(cols));
@@ -63,20 +83,26 @@ void check_matmul(DType type, int64_t rows, int64_t cols, int64_t batch, int thr
 
 class MatmulTest : public ::testing::TestWithParam<std::tuple<DType, int>> {};
 
+constexpr ActivationPrecision kPrecisions[] = {ActivationPrecision::kF32, ActivationPrecision::kInt8};
+
 TEST_P(MatmulTest, MatchesNaiveReference) {
   const auto [type, threads] = GetParam();
   const int64_t cols = testing::is_k_quant(type) ? 512 : 96;
   uint32_t seed = 1;
-  for (int64_t batch : {1, 3, 8, 64}) {
-    for (int64_t rows : {1, 5, 37}) check_matmul(type, rows, cols, batch, threads, seed++);
+  for (ActivationPrecision precision : kPrecisions) {
+    for (int64_t batch : {1, 3, 8, 9, 64}) {
+      for (int64_t rows : {1, 5, 37}) check_matmul(type, rows, cols, batch, threads, seed++, precision);
+    }
   }
 }
 
 TEST_P(MatmulTest, LargeEnoughToSplitAcrossThreads) {
   const auto [type, threads] = GetParam();
   const int64_t cols = testing::is_k_quant(type) ? 768 : 576;
-  check_matmul(type, 203, cols, 1, threads, 11);
-  check_matmul(type, 203, cols, 67, threads, 12);
+  for (ActivationPrecision precision : kPrecisions) {
+    check_matmul(type, 203, cols, 1, threads, 11, precision);
+    check_matmul(type, 203, cols, 67, threads, 12, precision);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest,
@@ -86,11 +112,11 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest,
                                   std::to_string(std::get<1>(info.param));
                          });
 
-TEST(Matmul, ScratchIsZeroForFloatWeights) {
+TEST(Matmul, Int8ScratchIsZeroForFloatWeights) {
   const WeightMatrix w{DType::kF16, 8, 64, nullptr};
-  EXPECT_EQ(matmul_scratch_bytes(w, 16), 0u);
+  EXPECT_EQ(matmul_scratch_bytes(w, 16, 1, ActivationPrecision::kInt8), 0u);
   const WeightMatrix q{DType::kQ8_0, 8, 64, nullptr};
-  EXPECT_GE(matmul_scratch_bytes(q, 16), 16 * row_bytes(DType::kQ8_0, 64));
+  EXPECT_GE(matmul_scratch_bytes(q, 16, 1, ActivationPrecision::kInt8), 16 * row_bytes(DType::kQ8_0, 64));
 }
 
 TEST(Matmul, KnownSmallProduct) {
@@ -99,8 +125,12 @@ TEST(Matmul, KnownSmallProduct) {
   const std::vector<float> x = {1, 1, 1, 1, 2, 0, 0, 5};                // 2 tokens
   std::vector<float> y(6);
   ThreadPool pool(2);
-  matmul(WeightMatrix{DType::kF32, 3, 4, w.data()}, x.data(), 2, y.data(), nullptr, pool);
   const std::vector<float> expected = {10, 1, -4, 22, 5, -7};
+  const WeightMatrix wm{DType::kF32, 3, 4, w.data()};
+  matmul(wm, x.data(), 2, y.data(), nullptr, pool, ActivationPrecision::kInt8);
+  EXPECT_EQ(y, expected);
+  std::vector<float> scratch(matmul_scratch_bytes(wm, 2, pool.size()) / sizeof(float) + 16);
+  matmul(wm, x.data(), 2, y.data(), scratch.data(), pool);
   EXPECT_EQ(y, expected);
 }
 

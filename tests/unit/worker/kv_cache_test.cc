@@ -83,7 +83,7 @@ TEST(KvCache, RejectsBadCompactIndices) {
 }
 
 TEST(KvCache, CapacityIsEnforcedWithoutPartialChange) {
-  KvCache cache(small_config(/*capacity=*/8 * 256));  // 8 pages of 256 bytes
+  KvCache cache(small_config(/*capacity=*/8 * 128));  // 8 pages of 4 slots * 8 dims * (K+V) * 2 bytes
   cache.add_sequence(1);
   append_tokens(cache, 1, 0, 8);  // 2 pages per head * 4 heads = 8 pages
   EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
@@ -113,7 +113,9 @@ TEST(KvCache, SequencesAreIsolated) {
   EXPECT_EQ(key_at(cache, 2, 0, 0, 0), 100);
   EXPECT_THROW(cache.add_sequence(1), Error);
   EXPECT_THROW(cache.n_slots(3, 0, 0), Error);
-  EXPECT_THROW(cache.append(1, 0, 0, 3, row(0).data(), row(0).data()), Error);  // no reserve
+  // Sequence 1 holds 3 slots in a 4-slot page: one more fits, the next needs a reserve().
+  cache.append(1, 0, 0, 3, row(0).data(), row(0).data());
+  EXPECT_THROW(cache.append(1, 0, 0, 4, row(0).data(), row(0).data()), Error);
 }
 
 }  // namespace

@@ -1,0 +1,22 @@
+// The f32-activation matmul kernels behind cpu::matmul's exact mode (see
+// matmul_f32.cc). Internal to kernels/cpu.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/thread_pool.h"
+#include "kernels/cpu/matmul.h"
+
+namespace lazykv::cpu {
+
+// Token counts up to this use the fused row-streaming kernel.
+constexpr int kFusedMaxTokens = 8;
+
+size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int n_threads);
+
+// x: [batch][w.cols] f32; y: [batch][w.rows]; scratch: matmul_f32_scratch_bytes
+// for pool.size() threads.
+void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, float* scratch, ThreadPool& pool);
+
+}  // namespace lazykv::cpu
