@@ -1,6 +1,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "common/error.h"
 #include "common/model_registry.h"
 
 namespace lazykv {
@@ -13,6 +14,11 @@ LoadedModel load_model(const std::string& name_or_path) {
     m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::spec_from_hf_json(path + "/tokenizer.json"));
   } else {
     m.tokenizer = std::make_unique<Tokenizer>(m.model->tokenizer_spec());
+  }
+  if (m.tokenizer->n_vocab() > m.model->config().n_vocab) {
+    throw Error(ErrorCode::kInvalidModel, "the tokenizer has " + std::to_string(m.tokenizer->n_vocab()) +
+                                              " tokens but the model's embedding only " +
+                                              std::to_string(m.model->config().n_vocab));
   }
   return m;
 }

@@ -30,6 +30,6 @@ if [ -f tests/fuzz/run_fuzzers.sh ]; then
       -DLAZYKV_BUILD_BENCH=OFF >/dev/null
   fi
   cmake --build build-fuzz -j"$jobs" --target fuzz_targets >/dev/null || cmake --build build-fuzz -j1 --target fuzz_targets
-  bash tests/fuzz/run_fuzzers.sh build-fuzz "${LAZYKV_FUZZ_SECONDS:-30}"
+  bash tests/fuzz/run_fuzzers.sh build-fuzz "${LAZYKV_FUZZ_SECONDS:-20}"
 fi
 echo "== all test stages passed"
