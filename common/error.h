@@ -30,4 +30,16 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
+// Runs fn(); an Error of `code` it throws is rethrown with " (in 'where')"
+// appended, so parse errors name the file they came from.
+template <typename Fn>
+auto with_error_context(ErrorCode code, const std::string& where, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    if (e.code() != code) throw;
+    throw Error(code, std::string(e.what()) + " (in '" + where + "')");
+  }
+}
+
 }  // namespace lazykv

@@ -2,7 +2,8 @@
 # Sets everything up, then runs the whole test suite through ctest:
 #  1. the Release build: unit, golden (real default model) and CLI tests;
 #  2. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
-#  3. the libFuzzer targets over their seed corpus (clang).
+#  3. the kernel tests of a portable build (scalar fallbacks, no AVX);
+#  4. the libFuzzer targets over their seed corpus (clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -22,6 +23,14 @@ if [ ! -f build-asan/CMakeCache.txt ]; then
 fi
 cmake --build build-asan -j"$jobs" >/dev/null || cmake --build build-asan -j1
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs" -L unit)
+
+echo "== Portable build (no -march=native): scalar kernels and fp16 fallbacks"
+if [ ! -f build-portable/CMakeCache.txt ]; then
+  cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DLAZYKV_NATIVE=OFF -DLAZYKV_CUDA=OFF \
+    -DLAZYKV_BUILD_BENCH=OFF >/dev/null
+fi
+cmake --build build-portable -j"$jobs" --target lazykv_common_tests lazykv_kernels_tests >/dev/null
+(cd build-portable && ctest --output-on-failure -j"$jobs" -R '^(common|kernels)\.')
 
 if [ -f tests/fuzz/run_fuzzers.sh ]; then
   echo "== libFuzzer targets"

@@ -7,12 +7,19 @@
 
 #include "common/dtype.h"
 
+// Shared with the CUDA block decoders (kernels/cuda/block_formats.h).
+#if defined(__CUDACC__)
+#define LAZYKV_HOST_DEVICE __host__ __device__
+#else
+#define LAZYKV_HOST_DEVICE
+#endif
+
 namespace lazykv::cpu {
 
 // The 6-bit scale and min of sub-block j (0..7) from Q4_K's 12 packed bytes:
 // bytes 0..3 hold scales 0..3 (low 6 bits), bytes 4..7 mins 0..3, bytes 8..11
 // the low nibbles of scales/mins 4..7 whose top 2 bits ride in bytes 0..7.
-inline void q4k_scale_min(int j, const uint8_t* s, int& scale, int& min) {
+LAZYKV_HOST_DEVICE inline void q4k_scale_min(int j, const uint8_t* s, int& scale, int& min) {
   if (j < 4) {
     scale = s[j] & 63;
     min = s[j + 4] & 63;

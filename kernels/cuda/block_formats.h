@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_internal.h"
 #include "kernels/cuda/device_util.h"
 
 namespace lazykv::cuda::detail {
@@ -42,17 +43,7 @@ __device__ __forceinline__ float decode_q8_0(const uint8_t* block, int j) {
   return load_f16(block) * static_cast<float>(static_cast<int8_t>(block[2 + j]));
 }
 
-// The 6-bit scale and min of sub-block j (0..7) of Q4_K's 12 packed bytes
-// (see cpu::q4k_scale_min).
-__device__ __forceinline__ void q4k_scale_min(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
+using cpu::q4k_scale_min;  // one definition for host and device
 
 // Element e (0..255) of a Q4_K super-block: 4 groups of 64 elements, each
 // 32 bytes whose low nibbles are sub-block 2g and high nibbles 2g + 1.

@@ -223,12 +223,7 @@ std::optional<double> as_number(const GgufValue& v) {
 GgufFile GgufFile::open(const std::string& path) {
   GgufFile f;
   f.file_ = MappedFile(path);
-  try {
-    f.parse_bytes(f.file_.bytes());
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kInvalidModel) throw;
-    throw Error(ErrorCode::kInvalidModel, std::string(e.what()) + " (in '" + path + "')");
-  }
+  with_error_context(ErrorCode::kInvalidModel, path, [&] { f.parse_bytes(f.file_.bytes()); });
   return f;
 }
 

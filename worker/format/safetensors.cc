@@ -114,12 +114,7 @@ std::string read_text_file(const std::filesystem::path& path) {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.file_ = MappedFile(path);
-  try {
-    f.parse_bytes(f.file_.bytes());
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kInvalidModel) throw;
-    throw Error(ErrorCode::kInvalidModel, std::string(e.what()) + " (in '" + path + "')");
-  }
+  with_error_context(ErrorCode::kInvalidModel, path, [&] { f.parse_bytes(f.file_.bytes()); });
   return f;
 }
 
