@@ -111,9 +111,10 @@ void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint1
     throw Error(ErrorCode::kInternal, "kv cache: append without reserve");
   }
   const int32_t page = h.pages[slot / config_.page_slots];
-  const size_t offset = (slot % config_.page_slots) * config_.head_dim;
-  std::memcpy(page_keys(page) + offset, k, config_.head_dim * sizeof(uint16_t));
-  std::memcpy(page_values(page) + offset, v, config_.head_dim * sizeof(uint16_t));
+  const size_t in_page = slot % config_.page_slots;
+  uint16_t* keys = page_keys(page);  // [head_dim][page_slots]
+  for (int d = 0; d < config_.head_dim; ++d) keys[size_t(d) * config_.page_slots + in_page] = k[d];
+  std::memcpy(page_values(page) + in_page * config_.head_dim, v, config_.head_dim * sizeof(uint16_t));
   h.positions.push_back(pos);
 }
 
@@ -145,10 +146,12 @@ void KvCache::compact(SeqId seq, int layer, int kv_head, std::span<const int32_t
     if (size_t(src) == dst) continue;
     const int32_t sp = h.pages[size_t(src) / config_.page_slots];
     const int32_t dp = h.pages[dst / config_.page_slots];
-    const size_t so = size_t(src % config_.page_slots) * row;
-    const size_t dof = (dst % config_.page_slots) * row;
-    std::memcpy(page_keys(dp) + dof, page_keys(sp) + so, row * sizeof(uint16_t));
-    std::memcpy(page_values(dp) + dof, page_values(sp) + so, row * sizeof(uint16_t));
+    const size_t si = size_t(src % config_.page_slots);
+    const size_t di = dst % config_.page_slots;
+    const uint16_t* sk = page_keys(sp);
+    uint16_t* dk = page_keys(dp);
+    for (size_t d = 0; d < row; ++d) dk[d * config_.page_slots + di] = sk[d * config_.page_slots + si];
+    std::memcpy(page_values(dp) + di * row, page_values(sp) + si * row, row * sizeof(uint16_t));
     h.positions[dst] = h.positions[size_t(src)];
   }
   h.positions.resize(keep.size());

@@ -1,8 +1,9 @@
 // Paged KV cache. Every (sequence, layer, KV head) has its own slot table: an
 // ordered list of pages and the token position held by each slot. Heads can
 // therefore keep different tokens and be compacted in place independently,
-// which is what per-head eviction needs. K and V are stored as f16; memory is
-// accounted in bytes against a fixed capacity.
+// which is what per-head eviction needs. K and V are stored as f16 (keys
+// transposed within a page, see cpu::KvPages); memory is accounted in bytes
+// against a fixed capacity.
 #pragma once
 
 #include <cstddef>

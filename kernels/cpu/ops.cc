@@ -13,32 +13,6 @@
 namespace lazykv::cpu {
 namespace {
 
-// a[n] · f16 b[n]
-inline float dot_f32_f16(const float* a, const uint16_t* b, int n) {
-  int i = 0;
-  float sum = 0.0f;
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m512 vb = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i)));
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), vb, acc);
-  }
-  sum = _mm512_reduce_add_ps(acc);
-#elif defined(__AVX2__) && defined(__F16C__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 vb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), vb, acc);
-  }
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  sum = _mm_cvtss_f32(s);
-#endif
-  for (; i < n; ++i) sum += a[i] * fp16_to_fp32(b[i]);
-  return sum;
-}
-
 // y[n] += w · f16 x[n]
 inline void axpy_f16(float* y, float w, const uint16_t* x, int n) {
   int i = 0;
@@ -114,23 +88,80 @@ void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, const flo
   }
 }
 
+namespace {
+
+// Scores of NQ queries against `count` slots of one page. kp: the page's keys
+// [head_dim][page_slots] (slot-contiguous), so 16 slots take one f16 load and
+// one FMA per query per dimension, with no horizontal sums.
+// q: [NQ][head_dim]; scores: row g at scores + g * row_stride.
+template <int NQ>
+void page_scores(const float* q, int head_dim, const uint16_t* kp, int32_t page_slots, int32_t count, float scale,
+                 float* scores, int64_t row_stride) {
+  int32_t c = 0;
+#if defined(__AVX512F__)
+  for (; c + 16 <= count; c += 16) {
+    __m512 acc[NQ];
+    for (int g = 0; g < NQ; ++g) acc[g] = _mm512_setzero_ps();
+    for (int d = 0; d < head_dim; ++d) {
+      const __m512 k = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp + int64_t(d) * page_slots + c)));
+      for (int g = 0; g < NQ; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * head_dim + d]), k, acc[g]);
+    }
+    for (int g = 0; g < NQ; ++g) _mm512_storeu_ps(scores + g * row_stride + c, _mm512_mul_ps(acc[g], _mm512_set1_ps(scale)));
+  }
+#elif defined(__AVX2__) && defined(__F16C__)
+  for (; c + 8 <= count; c += 8) {
+    __m256 acc[NQ];
+    for (int g = 0; g < NQ; ++g) acc[g] = _mm256_setzero_ps();
+    for (int d = 0; d < head_dim; ++d) {
+      const __m256 k =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kp + int64_t(d) * page_slots + c)));
+      for (int g = 0; g < NQ; ++g) acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(q[g * head_dim + d]), k, acc[g]);
+    }
+    for (int g = 0; g < NQ; ++g) _mm256_storeu_ps(scores + g * row_stride + c, _mm256_mul_ps(acc[g], _mm256_set1_ps(scale)));
+  }
+#endif
+  for (; c < count; ++c) {
+    for (int g = 0; g < NQ; ++g) {
+      float dot = 0.0f;
+      for (int d = 0; d < head_dim; ++d) dot += q[g * head_dim + d] * fp16_to_fp32(kp[int64_t(d) * page_slots + c]);
+      scores[g * row_stride + c] = scale * dot;
+    }
+  }
+}
+
+}  // namespace
+
 void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
                      float scale, float* scores, float* out, float* lse) {
   const int32_t n = kv.n_slots;
-  // Pass 1 over K: each key row is loaded once for the whole query group.
+  // Pass 1 over K, page by page, at most 4 queries at a time (accumulators
+  // stay in registers).
+  for (int32_t s0 = 0; s0 < n; s0 += kv.page_slots) {
+    const uint16_t* kp = kv.keys[s0 / kv.page_slots];
+    const int32_t count = std::min(kv.page_slots, n - s0);
+    for (int g0 = 0; g0 < n_group; g0 += 4) {
+      const float* qg = q + int64_t(g0) * head_dim;
+      float* sg = scores + int64_t(g0) * n + s0;
+      switch (std::min(4, n_group - g0)) {
+        case 1: page_scores<1>(qg, head_dim, kp, kv.page_slots, count, scale, sg, n); break;
+        case 2: page_scores<2>(qg, head_dim, kp, kv.page_slots, count, scale, sg, n); break;
+        case 3: page_scores<3>(qg, head_dim, kp, kv.page_slots, count, scale, sg, n); break;
+        default: page_scores<4>(qg, head_dim, kp, kv.page_slots, count, scale, sg, n); break;
+      }
+    }
+  }
+  // Causal mask: slots holding later positions get no attention.
   for (int32_t s = 0; s < n; ++s) {
-    const uint16_t* k = kv.keys[s / kv.page_slots] + int64_t(s % kv.page_slots) * head_dim;
-    const bool visible = kv.positions[s] <= max_pos;
-    for (int g = 0; g < n_group; ++g) {
-      scores[int64_t(g) * n + s] = visible ? scale * dot_f32_f16(q + int64_t(g) * head_dim, k, head_dim)
-                                           : -std::numeric_limits<float>::infinity();
+    if (kv.positions[s] > max_pos) {
+      for (int g = 0; g < n_group; ++g) scores[int64_t(g) * n + s] = -std::numeric_limits<float>::infinity();
     }
   }
   for (int g = 0; g < n_group; ++g) {
     const float l = softmax_inplace(scores + int64_t(g) * n, n);
     if (lse != nullptr) lse[g] = l;
   }
-  // Pass 2 over V.
+  // Pass 2 over V: each value row is loaded once for the whole group.
   std::fill(out, out + int64_t(n_group) * head_dim, 0.0f);
   for (int32_t s = 0; s < n; ++s) {
     const uint16_t* v = kv.values[s / kv.page_slots] + int64_t(s % kv.page_slots) * head_dim;

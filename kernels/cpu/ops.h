@@ -32,8 +32,10 @@ void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, const flo
 // Attention of a group of query heads that share one KV head, over KV stored
 // as f16 in pages. For each query g: out[g] = Σ_s softmax(scale·q[g]·k_s)·v_s
 // over the slots s whose position is ≤ max_pos (causal mask).
+// Keys are stored transposed within a page (slot-contiguous per dimension) so
+// scores for many slots come from vertical FMAs; values row by row.
 struct KvPages {
-  const uint16_t* const* keys;    // [n_pages] -> [page_slots][head_dim] f16
+  const uint16_t* const* keys;    // [n_pages] -> [head_dim][page_slots] f16
   const uint16_t* const* values;  // [n_pages] -> [page_slots][head_dim] f16
   const int32_t* positions;       // [n_slots] token position of each slot
   int32_t n_slots;

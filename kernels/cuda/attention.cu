@@ -36,11 +36,14 @@ __global__ void scores_kernel(const float* __restrict__ q, int n_group, int head
     for (int g = kWarpSize + lane; g < n_group; g += kWarpSize) scores[g * n + slot] = -INFINITY;
     return;
   }
-  const uint16_t* k = slot_row(kv.keys, kv.page_slots, slot, head_dim);
+  // Keys are [head_dim][page_slots] within a page (see cpu::KvPages).
+  const uint16_t* kp = kv.keys[slot / kv.page_slots] + slot % kv.page_slots;
   for (int g = 0; g < n_group; ++g) {
     const float* qg = q_shared + g * head_dim;
     float dot = 0.0f;
-    for (int d = lane; d < head_dim; d += kWarpSize) dot = fmaf(qg[d], f16_bits_to_float(k[d]), dot);
+    for (int d = lane; d < head_dim; d += kWarpSize) {
+      dot = fmaf(qg[d], f16_bits_to_float(kp[int64_t(d) * kv.page_slots]), dot);
+    }
     dot = warp_sum(dot);
     if (lane == 0) scores[g * n + slot] = scale * dot;
   }

@@ -26,9 +26,10 @@ void append_tokens(KvCache& cache, SeqId seq, int first_pos, int n) {
   }
 }
 
+// Dimension 5 of a slot's key (keys are [head_dim][page_slots] within a page).
 uint16_t key_at(const KvCache& cache, SeqId seq, int l, int h, int slot) {
   const cpu::KvPages view = cache.view(seq, l, h);
-  return view.keys[slot / view.page_slots][(slot % view.page_slots) * 8];
+  return view.keys[slot / view.page_slots][5 * view.page_slots + slot % view.page_slots];
 }
 
 uint16_t value_at(const KvCache& cache, SeqId seq, int l, int h, int slot) {
@@ -116,6 +117,34 @@ TEST(KvCache, SequencesAreIsolated) {
   // Sequence 1 holds 3 slots in a 4-slot page: one more fits, the next needs a reserve().
   cache.append(1, 0, 0, 3, row(0).data(), row(0).data());
   EXPECT_THROW(cache.append(1, 0, 0, 4, row(0).data(), row(0).data()), Error);
+}
+
+}  // namespace
+}  // namespace lazykv
+
+namespace lazykv {
+namespace {
+
+TEST(KvCache, KeysAreSlotContiguousWithinAPageAndSurviveCompaction) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  cache.reserve(1, 3);
+  for (int t = 0; t < 3; ++t) {
+    std::vector<uint16_t> k(8), v(8);
+    for (int d = 0; d < 8; ++d) {
+      k[size_t(d)] = uint16_t(100 * t + d);
+      v[size_t(d)] = uint16_t(1000 + 100 * t + d);
+    }
+    cache.append(1, 0, 0, t, k.data(), v.data());
+  }
+  const std::vector<int32_t> keep = {0, 2};
+  cache.compact(1, 0, 0, keep);
+  const cpu::KvPages view = cache.view(1, 0, 0);
+  for (int d = 0; d < 8; ++d) {
+    EXPECT_EQ(view.keys[0][d * view.page_slots + 0], d);          // slot 0: token 0
+    EXPECT_EQ(view.keys[0][d * view.page_slots + 1], 200 + d);    // slot 1: token 2
+    EXPECT_EQ(view.values[0][1 * 8 + d], 1200 + d);
+  }
 }
 
 }  // namespace
