@@ -295,6 +295,7 @@ std::string brace_format(const std::string& format, const CallArgs& args) {
         v = auto_index < args.positional.size() ? &args.positional[auto_index] : nullptr;
         ++auto_index;
       } else if (std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+        if (field.size() > 9) fail("str.format: field index " + field + " out of range");
         size_t index = std::stoul(field);
         v = index < args.positional.size() ? &args.positional[index] : nullptr;
       } else {
@@ -508,7 +509,8 @@ Value attribute_path(const Value& item, const std::string& path) {
   while (true) {
     size_t dot = path.find('.', start);
     std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    if (!part.empty() && part.size() <= 18 &&
+        std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
       current = get_item(current, Value(static_cast<int64_t>(std::stoll(part))));
     else
       current = get_item(current, Value(part));

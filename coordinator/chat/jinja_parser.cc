@@ -495,7 +495,14 @@ class Parser {
           fail_at("integer literal too large", token);
         }
       }
-      case T::kFloat: advance(); return literal(std::stod(token.value), token);
+      case T::kFloat: {
+        advance();
+        try {
+          return literal(std::stod(token.value), token);
+        } catch (const std::out_of_range&) {
+          fail_at("float literal out of range", token);
+        }
+      }
       case T::kOperator:
         if (token.value == "(") return parse_parenthesized();
         if (token.value == "[") return parse_list();
@@ -571,7 +578,11 @@ class Parser {
         } else if (cur().type == T::kInteger) {
           auto index = make<Expr>(Expr::Kind::kIndex, at);
           index->items.push_back(std::move(node));
-          index->items.push_back(literal(std::stoll(cur().value), cur()));
+          try {
+            index->items.push_back(literal(std::stoll(cur().value), cur()));
+          } catch (const std::out_of_range&) {
+            fail_at("integer literal too large", cur());
+          }
           node = std::move(index);
         } else {
           unexpected("an attribute name");

@@ -14,6 +14,10 @@
 //   no horizontal reductions.
 #include "kernels/cpu/matmul_f32.h"
 
+// 64-byte vectors are passed between internal (inlined) functions only, so
+// the ABI note GCC gives for them on targets without AVX-512 does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #include <algorithm>
 #include <cstring>
 

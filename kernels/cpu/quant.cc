@@ -3,6 +3,10 @@
 // so GGUF tensors are read bit for bit and activations round the same way.
 #include "kernels/cpu/quant.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -73,19 +77,39 @@ void dequant_q8(const Block* b, float* y, int64_t nb) {
   }
 }
 
+#if defined(__AVX512F__)
+// 16 bytes -> 16 int32 lanes.
+inline __m512i bytes_to_i32(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// y[16] = q * scale - min, in the scalar code's rounding order (no FMA).
+inline void store_affine(float* y, __m512i q, float scale, float min) {
+  _mm512_storeu_ps(y, _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale)), _mm512_set1_ps(min)));
+}
+#endif
+
 void dequant_q4_k(const BlockQ4_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d);
     const float dmin = fp16_to_fp32(b[i].dmin);
     const uint8_t* q = b[i].qs;
-    for (int group = 0; group < 4; ++group, q += 32) {
+    for (int group = 0; group < 4; ++group, q += 32, y += 64) {
       int sc_lo, m_lo, sc_hi, m_hi;
       q4k_scale_min(2 * group, b[i].scales, sc_lo, m_lo);
       q4k_scale_min(2 * group + 1, b[i].scales, sc_hi, m_hi);
       const float d_lo = d * static_cast<float>(sc_lo), min_lo = dmin * static_cast<float>(m_lo);
       const float d_hi = d * static_cast<float>(sc_hi), min_hi = dmin * static_cast<float>(m_hi);
-      for (int l = 0; l < 32; ++l) *y++ = d_lo * static_cast<float>(q[l] & 0x0F) - min_lo;
-      for (int l = 0; l < 32; ++l) *y++ = d_hi * static_cast<float>(q[l] >> 4) - min_hi;
+#if defined(__AVX512F__)
+      const __m512i nibble = _mm512_set1_epi32(0x0F);
+      for (int half = 0; half < 2; ++half) {
+        const __m512i v = bytes_to_i32(q + 16 * half);
+        store_affine(y + 16 * half, _mm512_and_si512(v, nibble), d_lo, min_lo);
+        store_affine(y + 32 + 16 * half, _mm512_srli_epi32(v, 4), d_hi, min_hi);
+      }
+#else
+      for (int l = 0; l < 32; ++l) y[l] = d_lo * static_cast<float>(q[l] & 0x0F) - min_lo;
+      for (int l = 0; l < 32; ++l) y[32 + l] = d_hi * static_cast<float>(q[l] >> 4) - min_hi;
+#endif
     }
   }
 }
@@ -103,15 +127,36 @@ inline int q6k_quant(const uint8_t* ql, const uint8_t* qh, int l) {
 void dequant_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(b[i].d);
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < 2; ++half, y += 128) {
       const uint8_t* ql = b[i].ql + 64 * half;
       const uint8_t* qh = b[i].qh + 32 * half;
       const int8_t* sc = b[i].scales + 8 * half;
+#if defined(__AVX512F__)
+      // Lanes k0..k0+15 of each quarter; quarter q's sub-block is 2q + k0/16.
+      const __m512i low4 = _mm512_set1_epi32(0x0F), two = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+      for (int k0 = 0; k0 < 32; k0 += 16) {
+        const __m512i a = bytes_to_i32(ql + k0), c = bytes_to_i32(ql + 32 + k0), h = bytes_to_i32(qh + k0);
+        const __m512i quant[4] = {
+            _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_slli_epi32(_mm512_and_si512(h, two), 4)),
+            _mm512_or_si512(_mm512_and_si512(c, low4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), two), 4)),
+            _mm512_or_si512(_mm512_srli_epi32(a, 4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), two), 4)),
+            _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4))};
+        for (int quarter = 0; quarter < 4; ++quarter) {
+          const float ds = d * static_cast<float>(sc[2 * quarter + k0 / 16]);
+          _mm512_storeu_ps(y + 32 * quarter + k0,
+                           _mm512_mul_ps(_mm512_set1_ps(ds),
+                                         _mm512_cvtepi32_ps(_mm512_sub_epi32(quant[quarter], bias))));
+        }
+      }
+#else
       for (int l = 0; l < 128; ++l) {
         // Sub-block of 16 within the half: quarter*2 + (k/16).
         const int sub = (l / 32) * 2 + (l % 32) / 16;
-        *y++ = d * static_cast<float>(sc[sub]) * static_cast<float>(q6k_quant(ql, qh, l) - 32);
+        y[l] = d * static_cast<float>(sc[sub]) * static_cast<float>(q6k_quant(ql, qh, l) - 32);
       }
+#endif
     }
   }
 }
@@ -385,12 +430,25 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       return;
     case DType::kF16: {
       const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+      }
+#endif
+      for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
       return;
     }
     case DType::kBF16: {
       const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= n; i += 16) {  // bf16 is the top half of an f32
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i)));
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+      }
+#endif
+      for (; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
       return;
     }
     case DType::kQ4_0: return dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);

@@ -194,3 +194,22 @@ TEST(ChatTemplateErrors, BoundedRecursionAndSize) {
 
 }  // namespace
 }  // namespace lazykv
+
+namespace lazykv {
+namespace {
+
+// Found by chat_template_fuzz: number literals beyond int64/double range are
+// syntax errors, not uncaught std::out_of_range.
+TEST(ChatTemplateFuzzRegressions, HugeNumberLiteralsAreSyntaxErrors) {
+  for (const char* source : {"{{ 99999999999999999999999 }}", "{{ x.99999999999999999999999 }}", "{{ 1e999999 }}"}) {
+    try {
+      ChatTemplate t(source);
+      FAIL() << source;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidModel) << source;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lazykv
