@@ -5,6 +5,7 @@
 # llama.cpp is built beside the project from a fetched snapshot (never
 # committed); pass its build/bin folder.
 #   usage: bench/compare_llama_cpp.sh LLAMA_CPP_BIN_DIR [MODEL] [THREADS]
+# (LAZYKV_BIN overrides the lazykv binary, default build/cli/lazykv)
 set -euo pipefail
 bin=${1:?usage: $0 LLAMA_CPP_BIN_DIR [MODEL] [THREADS]}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,7 +14,7 @@ threads=${3:-$(nproc)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-"$root/build/cli/lazykv" bench --model "$model" --threads "$threads" >"$tmp/lazykv.json"
+"${LAZYKV_BIN:-$root/build/cli/lazykv}" bench --model "$model" --threads "$threads" >"$tmp/lazykv.json"
 # pp512 and tg128 (llama-bench's standard tests), 5 repetitions.
 "$bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 5 -o json >"$tmp/bench.json" 2>/dev/null
 # Decode at depth: 2048 tokens of context, then 128 generated; and batch 8.

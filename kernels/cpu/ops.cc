@@ -52,20 +52,67 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+#if defined(__AVX512F__)
+namespace {
+
+// e^x for 16 lanes: x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-7
+// Taylor polynomial (relative error < 1e-8 before rounding), scaled by 2^n.
+// Lanes below -87.3 (including -inf, masked slots) give exactly 0.
+inline __m512 exp16(__m512 x) {
+  const __m512 underflow = _mm512_set1_ps(-87.3f);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, underflow, _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, underflow), _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 split in two for exactness
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+}
+
+}  // namespace
+#endif
+
 float softmax_inplace(float* x, int64_t n) {
   float max = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if (n >= 16) {
+    __m512 vmax = _mm512_set1_ps(max);
+    for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(x + i));
+    max = _mm512_reduce_max_ps(vmax);
+  }
+#endif
+  for (; i < n; ++i) max = std::max(max, x[i]);
   if (max == -std::numeric_limits<float>::infinity()) {  // everything masked
     std::fill(x, x + n, 0.0f);
     return max;
   }
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
+  i = 0;
+#if defined(__AVX512F__)
+  const __m512 vmax = _mm512_set1_ps(max);
+  __m512 vsum = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
+    _mm512_storeu_ps(x + i, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  sum = _mm512_reduce_add_ps(vsum);
+#endif
+  for (; i < n; ++i) {
     x[i] = std::exp(x[i] - max);
     sum += x[i];
   }
   const float inv = float(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  for (i = 0; i < n; ++i) x[i] *= inv;
   return max + float(std::log(sum));
 }
 
@@ -130,6 +177,32 @@ void page_scores(const float* q, int head_dim, const uint16_t* kp, int32_t page_
   }
 }
 
+#if defined(__AVX512F__)
+// out[NQ][16·D16] = Σ_s probs[q][s] · V[s]: the outputs stay in registers
+// while the value rows stream by once.
+template <int NQ, int D16>
+void weighted_values(const float* probs, int64_t row_stride, const KvPages& kv, float* out) {
+  __m512 acc[NQ][D16];
+  for (int q = 0; q < NQ; ++q) {
+    for (int j = 0; j < D16; ++j) acc[q][j] = _mm512_setzero_ps();
+  }
+  for (int32_t s = 0; s < kv.n_slots; ++s) {
+    const uint16_t* v = kv.values[s / kv.page_slots] + int64_t(s % kv.page_slots) * (16 * D16);
+    __m512 vf[D16];
+    for (int j = 0; j < D16; ++j) {
+      vf[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * j)));
+    }
+    for (int q = 0; q < NQ; ++q) {
+      const __m512 p = _mm512_set1_ps(probs[q * row_stride + s]);
+      for (int j = 0; j < D16; ++j) acc[q][j] = _mm512_fmadd_ps(p, vf[j], acc[q][j]);
+    }
+  }
+  for (int q = 0; q < NQ; ++q) {
+    for (int j = 0; j < D16; ++j) _mm512_storeu_ps(out + q * 16 * D16 + 16 * j, acc[q][j]);
+  }
+}
+#endif
+
 }  // namespace
 
 void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
@@ -161,7 +234,22 @@ void attention_group(const float* q, int n_group, int head_dim, const KvPages& k
     const float l = softmax_inplace(scores + int64_t(g) * n, n);
     if (lse != nullptr) lse[g] = l;
   }
-  // Pass 2 over V: each value row is loaded once for the whole group.
+  // Pass 2 over V: each value row is loaded once per group of queries.
+#if defined(__AVX512F__)
+  if (head_dim == 64 || head_dim == 128) {
+    for (int g0 = 0; g0 < n_group; g0 += 2) {
+      const int nq = std::min(2, n_group - g0);
+      if (head_dim == 64) {
+        nq == 2 ? weighted_values<2, 4>(scores + int64_t(g0) * n, n, kv, out + int64_t(g0) * 64)
+                : weighted_values<1, 4>(scores + int64_t(g0) * n, n, kv, out + int64_t(g0) * 64);
+      } else {
+        nq == 2 ? weighted_values<2, 8>(scores + int64_t(g0) * n, n, kv, out + int64_t(g0) * 128)
+                : weighted_values<1, 8>(scores + int64_t(g0) * n, n, kv, out + int64_t(g0) * 128);
+      }
+    }
+    return;
+  }
+#endif
   std::fill(out, out + int64_t(n_group) * head_dim, 0.0f);
   for (int32_t s = 0; s < n; ++s) {
     const uint16_t* v = kv.values[s / kv.page_slots] + int64_t(s % kv.page_slots) * head_dim;
