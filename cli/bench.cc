@@ -28,7 +28,8 @@ std::vector<int32_t> bench_tokens(int n, int n_vocab, uint32_t salt) {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    id = int32_t(100 + x % uint64_t(n_vocab - 200));  // avoid the special tokens at both ends
+    // Avoid the special tokens at both ends when the vocabulary is large enough.
+    id = n_vocab > 400 ? int32_t(100 + x % uint64_t(n_vocab - 200)) : int32_t(x % uint64_t(n_vocab));
   }
   return ids;
 }

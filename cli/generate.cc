@@ -74,7 +74,8 @@ int run_generate(const std::vector<std::string>& args) {
   std::string finish = "length";
   int32_t pos = int32_t(prompt.size());
   while (generated < max_tokens) {
-    const int32_t id = sampler.sample(logits);
+    // Embedding rows past the tokenizer's vocabulary (padding) are never sampled.
+    const int32_t id = sampler.sample(logits.first(size_t(m.tokenizer->n_vocab())));
     ++generated;
     if (m.tokenizer->is_end_of_generation(id)) {
       finish = "stop";
@@ -91,7 +92,8 @@ int run_generate(const std::vector<std::string>& args) {
     item = BatchItem{seq, {&id, 1}, pos++, false};
     logits = forward.run({&item, 1});
   }
-  const std::string tail = stop.push(decoder.flush()) + stop.flush();
+  std::string tail = stop.push(decoder.flush());  // in this order: push may hold text back for flush
+  tail += stop.flush();
   std::fwrite(tail.data(), 1, tail.size(), stdout);
   std::fputc('\n', stdout);
   const auto t2 = Clock::now();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -48,11 +49,23 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  fn(0, n_threads_);
+  try {
+    fn(0, n_threads_);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
+  // Always wait: the workers still use fn and whatever it captured.
   for (uint32_t spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
     cpu_relax();
     if ((spins & 255) == 255) std::this_thread::yield();  // oversubscribed: let the workers run
   }
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error = std::exchange(error_, nullptr);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
@@ -89,7 +102,12 @@ void ThreadPool::worker_loop(int index) {
       }
     }
     seen = gen;
-    (*job_)(index, n_threads_);
+    try {
+      (*job_)(index, n_threads_);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -25,7 +26,8 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Runs fn(thread_index, n_threads) on every thread (the caller is index 0)
-  // and returns when all have finished.
+  // and returns when all have finished. If any thread's fn throws, run()
+  // still waits for every thread, then rethrows the first exception.
   void run(const std::function<void(int, int)>& fn);
 
   // Splits [0, n) into contiguous chunks of at least `grain` items and runs
@@ -41,6 +43,7 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
+  std::exception_ptr error_;  // first exception of the current job (guarded by mutex_)
   std::mutex mutex_;
   std::condition_variable wake_;
 };

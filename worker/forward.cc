@@ -74,6 +74,15 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   const int64_t q_dim = int64_t(H) * D;
   const int64_t kv_dim = int64_t(KV) * D;
 
+  if (batch.empty()) return {};
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (batch[j].seq == batch[i].seq) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "forward: sequence " + std::to_string(batch[i].seq) + " appears twice in one batch");
+      }
+    }
+  }
   // Token rows: item i owns rows [row0[i], row0[i] + tokens.size()).
   std::vector<int64_t> row0(batch.size() + 1, 0);
   int64_t n_logit_rows = 0;
@@ -95,7 +104,7 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
   int32_t max_slots = 0;
   for (const BatchItem& item : batch) {
-    max_slots = std::max(max_slots, cache_.n_slots(item.seq, 0, 0) + int32_t(item.tokens.size()));
+    max_slots = std::max(max_slots, cache_.max_slots(item.seq) + int32_t(item.tokens.size()));
   }
   ensure_buffers(T, n_logit_rows, max_slots);
 

@@ -41,6 +41,10 @@ KvCache::HeadTable& KvCache::head(SeqId seq, int layer, int kv_head) {
   if (it == seqs_.end()) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
   }
+  if (layer < 0 || layer >= config_.n_layer || kv_head < 0 || kv_head >= config_.n_head_kv) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: layer " + std::to_string(layer) + ", KV head " +
+                                                 std::to_string(kv_head) + " out of range");
+  }
   return it->second.heads[size_t(layer) * config_.n_head_kv + kv_head];
 }
 
@@ -76,6 +80,7 @@ void KvCache::give_page(int32_t page) {
 }
 
 void KvCache::reserve(SeqId seq, int n_new) {
+  if (n_new < 0) throw Error(ErrorCode::kInvalidArgument, "kv cache: reserve of a negative count");
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
@@ -116,6 +121,16 @@ void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint1
   for (int d = 0; d < config_.head_dim; ++d) keys[size_t(d) * config_.page_slots + in_page] = k[d];
   std::memcpy(page_values(page) + in_page * config_.head_dim, v, config_.head_dim * sizeof(uint16_t));
   h.positions.push_back(pos);
+}
+
+int32_t KvCache::max_slots(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
+  }
+  size_t most = 0;
+  for (const HeadTable& h : it->second.heads) most = std::max(most, h.positions.size());
+  return int32_t(most);
 }
 
 int32_t KvCache::n_slots(SeqId seq, int layer, int kv_head) const {

@@ -53,6 +53,8 @@ class KvCache {
   void append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v);
 
   int32_t n_slots(SeqId seq, int layer, int kv_head) const;
+  // The most slots any (layer, KV head) of seq holds (heads compact independently).
+  int32_t max_slots(SeqId seq) const;
   std::span<const int32_t> positions(SeqId seq, int layer, int kv_head) const;
   // Page view for the attention kernel; valid until the next reserve/compact/remove.
   cpu::KvPages view(SeqId seq, int layer, int kv_head) const;

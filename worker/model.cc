@@ -1,5 +1,6 @@
 #include "worker/model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <string_view>
 
@@ -38,6 +39,7 @@ void check_config(const ModelConfig& c) {
   positive(c.n_head_kv, "KV head count");
   positive(c.n_ff, "feed-forward length");
   positive(c.head_dim, "head dim");
+  positive(c.n_vocab, "vocabulary size");
   if (c.n_head % c.n_head_kv != 0) {
     invalid("model config: head count " + std::to_string(c.n_head) + " is not a multiple of KV head count " +
             std::to_string(c.n_head_kv));
@@ -75,7 +77,11 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   std::unique_ptr<Model> m(new Model());
   m->path_ = path;
   if (std::filesystem::is_directory(path)) {
-    m->load_hf(path);
+    try {
+      m->load_hf(path);
+    } catch (const nlohmann::json::exception& e) {  // a present key of the wrong type
+      invalid("config.json: " + std::string(e.what()));
+    }
   } else {
     m->load_gguf(path);
   }
@@ -150,12 +156,12 @@ void Model::load_gguf(const std::string& path) {
   }
   // llama.cpp's converter permutes Llama Q/K rows for interleaved RoPE; Qwen2 is stored as trained (NEOX).
   c.rope_style = c.arch == Architecture::kLlama ? cpu::RopeStyle::kInterleaved : cpu::RopeStyle::kNeox;
-  check_config(c);
 
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (embd == nullptr) invalid("gguf: missing tensor 'token_embd.weight'");
   if (embd->shape.size() != 2) invalid("gguf: token_embd.weight must be 2-D, has shape " + shape_string(embd->shape));
-  c.n_vocab = int(embd->shape[1]);
+  c.n_vocab = int(std::min<int64_t>(embd->shape[1], int64_t(1) << 30));
+  check_config(c);
   token_embd_ = gguf_matrix(f, "token_embd.weight", c.n_vocab, c.n_embd);
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   output_ = c.tied_embeddings ? token_embd_ : gguf_matrix(f, "output.weight", c.n_vocab, c.n_embd);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "common/error.h"
@@ -19,7 +20,7 @@ void SamplingParams::validate() const {
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[size_t(best)]) best = int32_t(i);
+    if (logits[i] > logits[size_t(best)] || std::isnan(logits[size_t(best)])) best = int32_t(i);
   }
   return best;
 }
@@ -30,7 +31,16 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (params_.temperature == 0.0f) return argmax(logits);
   auto& c = candidates_;
   c.resize(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) c[i] = {logits[i] / params_.temperature, int32_t(i)};
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float scaled = logits[i] / params_.temperature;
+    c[i] = {std::isnan(scaled) ? kNegInf : scaled, int32_t(i)};  // NaN would break the sort's ordering
+  }
+  {
+    float top = kNegInf;
+    for (const auto& e : c) top = std::max(top, e.first);
+    if (!std::isfinite(top)) return argmax(logits);  // a tiny temperature overflowed: that is greedy
+  }
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   size_t n = c.size();
   if (params_.top_k > 0 && size_t(params_.top_k) < n) {

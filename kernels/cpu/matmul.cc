@@ -53,7 +53,7 @@ size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads,
 void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void* scratch, ThreadPool& pool,
             ActivationPrecision precision) {
   check_shape(w);
-  if (batch <= 0 || w.rows == 0) return;
+  if (batch <= 0 || w.rows == 0) return;  // also keeps the f32 kernels' token count in 1..
   if (precision == ActivationPrecision::kF32) {
     matmul_f32(w, x, batch, y, static_cast<float*>(scratch), pool);
     return;

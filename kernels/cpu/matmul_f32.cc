@@ -297,7 +297,7 @@ size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int n_threads) {
 void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, float* scratch, ThreadPool& pool) {
   const size_t per_thread = thread_floats(w.cols);
   if (batch <= kFusedMaxTokens) {
-    // Rows split across threads; chunks of >= 16 rows keep hand-offs cheap.
+    // Rows split evenly across threads.
     pool.run([&](int thread, int n_threads) {
       const int64_t begin = w.rows * thread / n_threads;
       const int64_t end = w.rows * (thread + 1) / n_threads;

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <vector>
 
@@ -65,6 +67,31 @@ TEST(DType, TraitsMatchGgml) {
 
 TEST(ErrorCode, HasNames) {
   EXPECT_EQ(error_code_name(ErrorCode::kInvalidModel), "invalid_model");
+}
+
+}  // namespace
+}  // namespace lazykv
+
+namespace lazykv {
+namespace {
+
+TEST(ThreadPool, ExceptionsReachTheCallerAfterEveryThreadFinished) {
+  ThreadPool pool(3);
+  std::atomic<int> finished{0};
+  for (int thrower : {0, 2}) {
+    finished = 0;
+    EXPECT_THROW(pool.run([&](int i, int) {
+      if (i == thrower) throw Error(ErrorCode::kInternal, "boom");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      finished.fetch_add(1);
+    }),
+                 Error);
+    EXPECT_EQ(finished.load(), 2);  // the others ran to completion before run() returned
+  }
+  // The pool still works afterwards.
+  std::atomic<int> hits{0};
+  pool.run([&](int, int) { hits.fetch_add(1); });
+  EXPECT_EQ(hits.load(), 3);
 }
 
 }  // namespace

@@ -266,9 +266,8 @@ TEST(Forward, BatchingAndChunkingDoNotChangeResults) {
 }
 
 TEST(Forward, RejectsTokensOutsideTheVocabulary) {
-  TinyModelSpec spec;
   const std::string path = temp_path("vocab.gguf");
-  write_tiny_gguf(path, spec);
+  write_tiny_gguf(path, TinyModelSpec{});
   const auto model = Model::load(path);
   ThreadPool pool(1);
   KvCache cache(cache_config(*model));
@@ -278,6 +277,53 @@ TEST(Forward, RejectsTokensOutsideTheVocabulary) {
   BatchItem item{0, bad, 0, false};
   EXPECT_THROW(fp.run({&item, 1}), Error);
   EXPECT_EQ(cache.n_slots(0, 0, 0), 0);
+}
+
+}  // namespace
+}  // namespace lazykv
+
+namespace lazykv {
+namespace {
+
+std::unique_ptr<Model> tiny_model(const std::string& name) {
+  const std::string path = temp_path(name);
+  write_tiny_gguf(path, TinyModelSpec{});
+  return Model::load(path);
+}
+
+TEST(Forward, RejectsASequenceTwiceInOneBatchAndHandlesEmptyBatches) {
+  const auto model = tiny_model("dup.gguf");
+  ThreadPool pool(2);
+  KvCache cache(cache_config(*model));
+  ForwardPass fp(*model, cache, pool);
+  cache.add_sequence(0);
+  const std::vector<int32_t> a = {5, 6}, b = {7};
+  const std::vector<BatchItem> batch = {{0, a, 0, false}, {0, b, 2, false}};
+  EXPECT_THROW(fp.run(batch), Error);
+  EXPECT_EQ(cache.n_slots(0, 0, 0), 0);
+  EXPECT_TRUE(fp.run({}).empty());
+}
+
+// Heads compact independently; attention must size its buffers by the
+// largest head, not by layer 0 head 0.
+TEST(Forward, UnevenlyCompactedHeadsStayCorrect) {
+  const auto model = tiny_model("uneven.gguf");
+  ThreadPool pool(2);
+  KvCache cache(cache_config(*model));
+  ForwardPass fp(*model, cache, pool);
+  cache.add_sequence(0);
+  std::vector<int32_t> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + i);
+  BatchItem item{0, prompt, 0, false};
+  fp.run({&item, 1});
+  const std::vector<int32_t> keep = {0, 39};
+  cache.compact(0, 0, 0, keep);  // layer 0, head 0 keeps 2 of 40
+  const int32_t next = 50;
+  item = BatchItem{0, {&next, 1}, 40, false};
+  const auto logits = fp.run({&item, 1});
+  for (float l : logits) ASSERT_TRUE(std::isfinite(l));
+  EXPECT_EQ(cache.n_slots(0, 0, 0), 3);
+  EXPECT_EQ(cache.n_slots(0, 1, 1), 41);
 }
 
 }  // namespace

@@ -99,3 +99,21 @@ TEST(Sampler, RejectsInvalidParameters) {
 
 }  // namespace
 }  // namespace lazykv
+
+namespace lazykv {
+namespace {
+
+TEST(Sampler, NonFiniteInputsDoNotBreakSampling) {
+  SamplingParams p;
+  p.temperature = 1e-38f;  // logits / temperature overflow: greedy
+  Sampler tiny(p);
+  EXPECT_EQ(tiny.sample(kLogits), 1);
+  p.temperature = 1.0f;
+  Sampler s(p);
+  const std::vector<float> with_nan = {std::nanf(""), 5.0f, -1.0f};
+  for (int i = 0; i < 50; ++i) EXPECT_NE(s.sample(with_nan), 0);
+  EXPECT_EQ(argmax(with_nan), 1);
+}
+
+}  // namespace
+}  // namespace lazykv
