@@ -6,13 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/model.h"
+#include "worker/policy/policy.h"
 
 namespace lazykv {
 
 int run_generate(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_replay_policy(const std::vector<std::string>& args);
 
 // A model with its tokenizer: from GGUF metadata, or tokenizer.json for a
 // Hugging Face directory.
@@ -38,5 +41,17 @@ namespace lazykv {
 
 // Parses --activations: "f32" or "int8".
 cpu::ActivationPrecision parse_activations(const std::string& value);
+
+}  // namespace lazykv
+
+namespace lazykv {
+
+// --kv-policy and one --kv-<param> flag per policy parameter (cli/policy_flags.cc).
+void add_policy_flags(Flags& flags);
+// The policy the flags name; Error(kInvalidArgument) for an unknown name or a
+// parameter the policy does not take or accept.
+PolicyConfig policy_from_flags(const Flags& flags);
+// The policy shape of a model for a prompt of prompt_len tokens.
+PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len);
 
 }  // namespace lazykv

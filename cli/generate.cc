@@ -27,6 +27,7 @@ int run_generate(const std::vector<std::string>& args) {
       .add("threads", "0", "CPU threads; 0 is all cores")
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
       .add("ctx", "0", "context limit in tokens; 0 is the model's training context");
+  add_policy_flags(flags);
   flags.parse(args);
   if (flags.help_requested()) {
     std::fputs(flags.usage().c_str(), stdout);
@@ -42,6 +43,7 @@ int run_generate(const std::vector<std::string>& args) {
   sampling.min_p = float(flags.get_double("min-p"));
   sampling.seed = uint64_t(flags.get_int("seed"));
   Sampler sampler(sampling);
+  const PolicyConfig policy_config = policy_from_flags(flags);
   std::vector<std::string> stops;
   for (const std::string& s : flags.get_all("stop")) {
     if (!s.empty()) stops.push_back(s);
@@ -61,11 +63,12 @@ int run_generate(const std::vector<std::string>& args) {
   KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
   ForwardPass forward(*m.model, cache, pool, parse_activations(flags.get("activations")));
   const SeqId seq = 0;
-  cache.add_sequence(seq);
+  std::unique_ptr<EvictionPolicy> policy = make_policy(policy_config, policy_shape(config, int32_t(prompt.size())));
+  cache.add_sequence(seq, policy->heads_per_layer());
 
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  BatchItem item{seq, prompt, 0, false};
+  BatchItem item{seq, prompt, 0, false, policy.get()};
   std::span<const float> logits = forward.run({&item, 1});
   const auto t1 = Clock::now();
   StreamDecoder decoder(*m.tokenizer);
@@ -89,7 +92,7 @@ int run_generate(const std::vector<std::string>& args) {
       break;
     }
     if (generated == max_tokens) break;
-    item = BatchItem{seq, {&id, 1}, pos++, false};
+    item = BatchItem{seq, {&id, 1}, pos++, false, policy.get()};
     logits = forward.run({&item, 1});
   }
   std::string tail = stop.push(decoder.flush());  // in this order: push may hold text back for flush
@@ -102,6 +105,11 @@ int run_generate(const std::vector<std::string>& args) {
   std::fprintf(stderr, "[%zu prompt tokens in %.3f s (%.1f tok/s); %lld generated in %.3f s (%.1f tok/s); finish: %s]\n",
                prompt.size(), prefill_s, double(prompt.size()) / prefill_s, static_cast<long long>(generated), decode_s,
                generated > 1 ? double(generated - 1) / decode_s : 0.0, finish.c_str());
+  std::fprintf(stderr, "[kv policy %s: peak %lld slots (%.1f MiB), %lld now, %lld evicted, %.1f ms in the policy]\n",
+               policy_config.to_string().c_str(), static_cast<long long>(policy->peak_slots()),
+               double(policy->peak_slots()) * double(cache.slot_bytes()) / (1 << 20),
+               static_cast<long long>(policy->slots()), static_cast<long long>(policy->evicted_slots()),
+               policy->policy_seconds() * 1e3);
   return 0;
 }
 

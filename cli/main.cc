@@ -14,6 +14,7 @@ constexpr const char* kUsage =
     "commands:\n"
     "  generate   stream a completion from a model\n"
     "  bench      measure prefill and decode speed (JSON)\n"
+    "  replay-policy  run an eviction policy over an attention trace (JSON)\n"
     "run 'lazykv <command> --help' for the flags of a command\n";
 
 }  // namespace
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "generate") return lazykv::run_generate(args);
     if (command == "bench") return lazykv::run_bench(args);
+    if (command == "replay-policy") return lazykv::run_replay_policy(args);
     if (command == "-h" || command == "--help" || command == "help") {
       std::fputs(kUsage, stdout);
       return 0;

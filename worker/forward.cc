@@ -99,9 +99,22 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   }
   const int64_t T = row0.back();
 
+  for (const BatchItem& item : batch) {
+    if (item.policy == nullptr) continue;
+    item.policy->check_pass(item.start_pos, int32_t(item.tokens.size()));
+    if (item.policy->heads_per_layer() != cache_.heads_per_layer(item.seq)) {
+      throw Error(ErrorCode::kInvalidArgument, "forward: sequence " + std::to_string(item.seq) + " caches " +
+                                                   std::to_string(cache_.heads_per_layer(item.seq)) +
+                                                   " heads per layer but its policy needs " +
+                                                   std::to_string(item.policy->heads_per_layer()));
+    }
+  }
   // Reserve KV room for every item before any change, so a full cache fails
   // cleanly (pages reserved for earlier items simply stay with them).
   for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
+  for (const BatchItem& item : batch) {
+    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
+  }
   int32_t max_slots = 0;
   for (const BatchItem& item : batch) {
     max_slots = std::max(max_slots, cache_.max_slots(item.seq) + int32_t(item.tokens.size()));
@@ -118,13 +131,23 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
     }
   }
 
-  // Work units for attention: (item, token, kv head).
-  struct AttnUnit { int32_t item; int32_t token; int32_t kv_head; };
-  std::vector<AttnUnit> units;
-  units.reserve(size_t(T) * KV);
+  // Per item: cache heads per layer (KV heads, or one per query head when a
+  // policy selects per query head) and the query heads each one serves.
+  std::vector<int> cache_heads(batch.size()), queries_per_head(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    for (int32_t t = 0; t < int32_t(batch[i].tokens.size()); ++t) {
-      for (int h = 0; h < KV; ++h) units.push_back({int32_t(i), t, h});
+    cache_heads[i] = cache_.heads_per_layer(batch[i].seq);
+    queries_per_head[i] = G * KV / cache_heads[i];
+  }
+  // Work units for attention: (item, cache head, token range). A range is one
+  // token, or every token of the item when its policy accumulates statistics
+  // over them (those must not race).
+  struct AttnUnit { int32_t item; int32_t head; int32_t token_begin; int32_t token_end; };
+  std::vector<AttnUnit> units;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int32_t n_tok = int32_t(batch[i].tokens.size());
+    const bool serial = batch[i].policy != nullptr && batch[i].policy->serial_prefill();
+    for (int32_t t = 0; t < n_tok; t += serial ? n_tok : 1) {
+      for (int h = 0; h < cache_heads[i]; ++h) units.push_back({int32_t(i), h, t, serial ? n_tok : t + 1});
     }
   }
   const float scale = 1.0f / std::sqrt(float(D));
@@ -149,15 +172,18 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
         cpu::to_f16(v_.data() + r * kv_dim, v16_.data() + r * kv_dim, kv_dim);
       }
     });
-    // Append new K/V; each (item, head) appends its tokens in order.
+    // Append new K/V; each (item, cache head) appends its tokens in order.
     pool_.parallel_for(int64_t(batch.size()) * KV, 1, [&](int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end; ++u) {
         const size_t i = size_t(u / KV);
         const int h = int(u % KV);
-        for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
-          const int64_t r = row0[i] + int64_t(t);
-          cache_.append(batch[i].seq, l, h, batch[i].start_pos + int32_t(t), k16_.data() + r * kv_dim + int64_t(h) * D,
-                        v16_.data() + r * kv_dim + int64_t(h) * D);
+        const int copies = cache_heads[i] / KV;  // > 1: GQA expanded for this sequence
+        for (int c = 0; c < copies; ++c) {
+          for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+            const int64_t r = row0[i] + int64_t(t);
+            cache_.append(batch[i].seq, l, h * copies + c, batch[i].start_pos + int32_t(t),
+                          k16_.data() + r * kv_dim + int64_t(h) * D, v16_.data() + r * kv_dim + int64_t(h) * D);
+          }
         }
       }
     });
@@ -167,11 +193,21 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
       for (int64_t u = n_units * thread / n_threads; u < n_units * (thread + 1) / n_threads; ++u) {
         const AttnUnit& au = units[size_t(u)];
         const BatchItem& item = batch[size_t(au.item)];
-        const int64_t r = row0[size_t(au.item)] + au.token;
-        const cpu::KvPages kv = cache_.view(item.seq, l, au.kv_head);
-        const int64_t head0 = int64_t(au.kv_head) * G;
-        cpu::attention_group(q_.data() + r * q_dim + head0 * D, G, D, kv, item.start_pos + au.token, scale, scores,
-                             attn_.data() + r * q_dim + head0 * D, nullptr);
+        const int qph = queries_per_head[size_t(au.item)];
+        const cpu::KvPages kv = cache_.view(item.seq, l, au.head);
+        const int64_t head0 = int64_t(au.head) * qph;  // first query head served by this cache head
+        for (int32_t t = au.token_begin; t < au.token_end; ++t) {
+          const int64_t r = row0[size_t(au.item)] + t;
+          const int32_t pos = item.start_pos + t;
+          const float* q = q_.data() + r * q_dim + head0 * D;
+          const cpu::AttentionStats* stats = nullptr;
+          if (item.policy != nullptr) {
+            stats = item.policy->stats(l, au.head, pos);
+            if (float* keep = item.policy->query_buffer(l, au.head, pos)) std::copy(q, q + int64_t(qph) * D, keep);
+          }
+          cpu::attention_group(q, qph, D, kv, pos, scale, scores, attn_.data() + r * q_dim + head0 * D, nullptr,
+                               stats);
+        }
       }
     });
     matmul(w.wo, attn_.data(), T, tmp_.data());
@@ -198,6 +234,18 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
     }
   }
   matmul(model_.output(), xn_.data(), n_logit_rows, logits_.data());
+
+  // Eviction, after attention saw the full cache: every (item, layer) apart.
+  std::vector<size_t> with_policy;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].policy != nullptr) with_policy.push_back(i);
+  }
+  pool_.parallel_for(int64_t(with_policy.size()) * c.n_layer, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const BatchItem& item = batch[with_policy[size_t(u / c.n_layer)]];
+      item.policy->end_step(int(u % c.n_layer), cache_, item.seq);
+    }
+  });
   return {logits_.data(), size_t(n_logit_rows) * size_t(c.n_vocab)};
 }
 

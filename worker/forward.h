@@ -11,6 +11,7 @@
 #include "common/thread_pool.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
+#include "worker/policy/policy.h"
 
 namespace lazykv {
 
@@ -19,6 +20,11 @@ struct BatchItem {
   std::span<const int32_t> tokens;  // new tokens of this sequence
   int32_t start_pos = 0;            // position of tokens[0]
   bool all_logits = false;          // logits for every token, not only the last
+  // The sequence's eviction policy (null: no statistics, no eviction). The
+  // pass records the statistics it asks for and lets it compact the cache
+  // after the step; the sequence must have been added to the cache with
+  // policy->heads_per_layer() heads.
+  EvictionPolicy* policy = nullptr;
 };
 
 class ForwardPass {

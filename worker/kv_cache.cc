@@ -18,11 +18,27 @@ KvCache::KvCache(const KvCacheConfig& config)
 
 KvCache::~KvCache() = default;
 
-void KvCache::add_sequence(SeqId seq) {
+void KvCache::add_sequence(SeqId seq, int heads_per_layer) {
   if (seqs_.count(seq) != 0) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: sequence " + std::to_string(seq) + " already exists");
   }
-  seqs_[seq].heads.resize(size_t(config_.n_layer) * config_.n_head_kv);
+  if (heads_per_layer == 0) heads_per_layer = config_.n_head_kv;
+  if (heads_per_layer < 0 || heads_per_layer % config_.n_head_kv != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: heads per layer " + std::to_string(heads_per_layer) +
+                                                 " is not a positive multiple of " + std::to_string(config_.n_head_kv) +
+                                                 " KV heads");
+  }
+  Sequence& s = seqs_[seq];
+  s.heads_per_layer = heads_per_layer;
+  s.heads.resize(size_t(config_.n_layer) * size_t(heads_per_layer));
+}
+
+int KvCache::heads_per_layer(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
+  }
+  return it->second.heads_per_layer;
 }
 
 void KvCache::remove_sequence(SeqId seq) {
@@ -41,11 +57,12 @@ KvCache::HeadTable& KvCache::head(SeqId seq, int layer, int kv_head) {
   if (it == seqs_.end()) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
   }
-  if (layer < 0 || layer >= config_.n_layer || kv_head < 0 || kv_head >= config_.n_head_kv) {
+  const int n_heads = it->second.heads_per_layer;
+  if (layer < 0 || layer >= config_.n_layer || kv_head < 0 || kv_head >= n_heads) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: layer " + std::to_string(layer) + ", KV head " +
                                                  std::to_string(kv_head) + " out of range");
   }
-  return it->second.heads[size_t(layer) * config_.n_head_kv + kv_head];
+  return it->second.heads[size_t(layer) * size_t(n_heads) + size_t(kv_head)];
 }
 
 const KvCache::HeadTable& KvCache::head(SeqId seq, int layer, int kv_head) const {

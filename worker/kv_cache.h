@@ -37,9 +37,13 @@ class KvCache {
   const KvCacheConfig& config() const { return config_; }
 
   // Sequences. add_sequence throws Error(kInvalidArgument) if id exists.
-  void add_sequence(SeqId seq);
+  // heads_per_layer: 0 for n_head_kv; a multiple of it to cache every KV head
+  // once per query head of its group (GQA expanded, as eviction references
+  // that select per query head do).
+  void add_sequence(SeqId seq, int heads_per_layer = 0);
   void remove_sequence(SeqId seq);  // returns its pages to the pool
   bool has_sequence(SeqId seq) const;
+  int heads_per_layer(SeqId seq) const;
   size_t n_sequences() const { return seqs_.size(); }
 
   // Makes room for `n_new` more slots in every (layer, KV head) of seq, so
@@ -78,7 +82,8 @@ class KvCache {
     std::vector<int32_t> positions;  // size = n slots
   };
   struct Sequence {
-    std::vector<HeadTable> heads;  // [n_layer * n_head_kv]
+    int heads_per_layer = 0;
+    std::vector<HeadTable> heads;  // [n_layer * heads_per_layer]
   };
 
   HeadTable& head(SeqId seq, int layer, int kv_head);

@@ -203,10 +203,9 @@ void weighted_values(const float* probs, int64_t row_stride, const KvPages& kv, 
 }
 #endif
 
-}  // namespace
-
-void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
-                     float scale, float* scores, float* out, float* lse) {
+// scores[n_group][n_slots] = scale * q k, with the causal mask at max_pos.
+void attention_logits(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
+                      float* scores) {
   const int32_t n = kv.n_slots;
   // Pass 1 over K, page by page, at most 4 queries at a time (accumulators
   // stay in registers).
@@ -230,9 +229,42 @@ void attention_group(const float* q, int n_group, int head_dim, const KvPages& k
       for (int g = 0; g < n_group; ++g) scores[int64_t(g) * n + s] = -std::numeric_limits<float>::infinity();
     }
   }
+}
+
+void record_stats(const float* p, int32_t n, const AttentionStats& stats) {
+  if (stats.hits != nullptr) {
+    for (int32_t s = 0; s < n; ++s) stats.hits[s] |= uint8_t(p[s] >= stats.alpha);
+  }
+  if (stats.attn_sum != nullptr) {
+    for (int32_t s = 0; s < n; ++s) stats.attn_sum[s] += p[s];
+  }
+}
+
+}  // namespace
+
+void attention_probs(const float* q, int n_q, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
+                     float* probs) {
+  attention_logits(q, n_q, head_dim, kv, max_pos, scale, probs);
+  for (int g = 0; g < n_q; ++g) softmax_inplace(probs + int64_t(g) * kv.n_slots, kv.n_slots);
+}
+
+void gather_keys(const KvPages& kv, int head_dim, float* out) {
+  for (int32_t s = 0; s < kv.n_slots; ++s) {
+    const uint16_t* kp = kv.keys[s / kv.page_slots];
+    const int32_t c = s % kv.page_slots;
+    for (int d = 0; d < head_dim; ++d) out[int64_t(s) * head_dim + d] = fp16_to_fp32(kp[int64_t(d) * kv.page_slots + c]);
+  }
+}
+
+void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
+                     float scale, float* scores, float* out, float* lse, const AttentionStats* stats) {
+  const int32_t n = kv.n_slots;
+  attention_logits(q, n_group, head_dim, kv, max_pos, scale, scores);
   for (int g = 0; g < n_group; ++g) {
-    const float l = softmax_inplace(scores + int64_t(g) * n, n);
+    float* p = scores + int64_t(g) * n;
+    const float l = softmax_inplace(p, n);
     if (lse != nullptr) lse[g] = l;
+    if (stats != nullptr) record_stats(p, n, *stats);
   }
   // Pass 2 over V: each value row is loaded once per group of queries.
 #if defined(__AVX512F__)

@@ -41,12 +41,31 @@ struct KvPages {
   int32_t n_slots;
   int32_t page_slots;
 };
+
+// Per-slot statistics for the eviction policies, produced while each row's
+// probabilities are still in cache: no second pass over K or V. A slot is hit
+// when p = exp(logit - lse) >= alpha for any query of the group.
+struct AttentionStats {
+  float alpha = 0.0f;
+  uint8_t* hits = nullptr;    // [n_slots]: set to 1 on a hit, never cleared here (null: off)
+  float* attn_sum = nullptr;  // [n_slots]: += sum over the group of p (null: off)
+};
+
 // q: [n_group][head_dim] f32; out: [n_group][head_dim] f32;
-// scores: scratch [n_group][n_slots] f32, left holding the probabilities
-// (the per-slot statistics the eviction policies read);
-// lse: [n_group] receives each row's log-sum-exp (may be null).
+// scores: scratch [n_group][n_slots] f32, left holding the probabilities;
+// lse: [n_group] receives each row's log-sum-exp (may be null);
+// stats: policy statistics to record (may be null).
 void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
-                     float scale, float* scores, float* out, float* lse);
+                     float scale, float* scores, float* out, float* lse, const AttentionStats* stats = nullptr);
+
+// The probabilities alone (no values): probs[n_q][n_slots] = softmax(scale * q k)
+// with the causal mask at max_pos. For policies that rescore the cache from
+// remembered queries at compression steps. q: [n_q][head_dim] f32.
+void attention_probs(const float* q, int n_q, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
+                     float* probs);
+
+// Keys of every slot as f32 rows: out[n_slots][head_dim].
+void gather_keys(const KvPages& kv, int head_dim, float* out);
 
 // Converts n floats to f16.
 void to_f16(const float* x, uint16_t* y, int64_t n);

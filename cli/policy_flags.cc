@@ -1,0 +1,42 @@
+// --kv-* flags: the eviction policy and its parameters, shared by every
+// command that runs a model. Each policy parameter <p> is the flag --kv-<p>
+// ('_' written '-'); a flag the chosen policy does not take is an error.
+#include <set>
+
+#include "cli/commands.h"
+#include "common/error.h"
+
+namespace lazykv {
+
+void add_policy_flags(Flags& flags) {
+  flags.add("kv-policy", "full", "KV eviction policy: full, lazy, streaming, h2o, tova, snapkv, rkv, raas");
+  std::set<std::string> seen;
+  for (const PolicyInfo& info : policy_catalog()) {
+    for (const PolicyParam& p : info.params) {
+      if (!seen.insert(p.name).second) continue;
+      std::string flag = "kv-" + p.name;
+      for (char& c : flag) c = c == '_' ? '-' : c;
+      flags.add(flag, "", "policy parameter: " + p.help + " (policies that take it; see docs/policies.md)");
+    }
+  }
+}
+
+PolicyConfig policy_from_flags(const Flags& flags) {
+  std::map<std::string, std::string> params;
+  std::set<std::string> seen;
+  for (const PolicyInfo& info : policy_catalog()) {
+    for (const PolicyParam& p : info.params) {
+      if (!seen.insert(p.name).second) continue;
+      std::string flag = "kv-" + p.name;
+      for (char& c : flag) c = c == '_' ? '-' : c;
+      if (flags.is_set(flag)) params[p.name] = flags.get(flag);
+    }
+  }
+  return make_policy_config(flags.get("kv-policy"), params);
+}
+
+PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len) {
+  return PolicyShape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim, prompt_len, 0.0f};
+}
+
+}  // namespace lazykv

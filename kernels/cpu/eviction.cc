@@ -1,0 +1,46 @@
+#include "kernels/cpu/eviction.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lazykv::cpu {
+
+void lazy_update(const uint8_t* hits, int32_t* last, int32_t* mri, int32_t n, int32_t t) {
+  for (int32_t s = 0; s < n; ++s) {
+    if (hits[s] != 0) {
+      mri[s] = std::max(mri[s], t - last[s]);
+      last[s] = t;
+    }
+  }
+}
+
+void lazy_scores(const int32_t* last, const int32_t* mri, int32_t n, int32_t t, float* out) {
+  for (int32_t s = 0; s < n; ++s) {
+    const float m = float(mri[s]);
+    // exp overflows to inf for mri == 0 (1e-5 denominator), giving 0: intended.
+    const float recency = 2.0f / (1.0f + std::exp(1.0f + float(t - last[s]) / (m + 1e-5f)));
+    const float recurrence = mri[s] == 0 ? 0.0f : 2.0f / (1.0f + std::exp(m - 1.0f));
+    out[s] = recency + recurrence;
+  }
+}
+
+void top_k_slots(const float* scores, int32_t n, int32_t k, int32_t* keep, int32_t* scratch) {
+  for (int32_t s = 0; s < n; ++s) scratch[s] = s;
+  const auto better = [scores](int32_t a, int32_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  };
+  if (k < n) std::nth_element(scratch, scratch + k, scratch + n, better);
+  std::copy(scratch, scratch + k, keep);
+  std::sort(keep, keep + k);
+}
+
+void max_pool1d(const float* x, int32_t n, int kernel, float* y) {
+  const int32_t half = kernel / 2;
+  for (int32_t s = 0; s < n; ++s) {
+    float m = x[s];
+    for (int32_t j = std::max(0, s - half); j <= std::min(n - 1, s + half); ++j) m = std::max(m, x[j]);
+    y[s] = m;
+  }
+}
+
+}  // namespace lazykv::cpu

@@ -1,0 +1,39 @@
+// Eviction kernels of the CPU backend: policy statistics updates, slot
+// scoring, per-head top-k selection and in-place compaction of per-slot
+// arrays. Stateless; callers own every buffer. Slot order is position order
+// (appends go to the end and compaction preserves order), so "older" means a
+// lower slot index.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace lazykv::cpu {
+
+// LazyEviction at decode step t, for every slot s with hits[s] != 0:
+// mri[s] = max(mri[s], t - last[s]), then last[s] = t.
+// hits, last, mri: [n].
+void lazy_update(const uint8_t* hits, int32_t* last, int32_t* mri, int32_t n, int32_t t);
+
+// LazyEviction importance at step t, in fp32:
+// I = 2/(1+exp(1 + (t-last)/(mri+1e-5))) + (mri == 0 ? 0 : 2/(1+exp(mri-1))).
+// last, mri, out: [n].
+void lazy_scores(const int32_t* last, const int32_t* mri, int32_t n, int32_t t, float* out);
+
+// The k highest-scoring of slots [0, n), ties broken by the lower index
+// (older position), written to keep[k] in increasing index order.
+// scores: [n]; keep: [k]; scratch: [n]. Requires 0 <= k <= n.
+void top_k_slots(const float* scores, int32_t n, int32_t k, int32_t* keep, int32_t* scratch);
+
+// Same-length 1-D pooling over a window of `kernel` (odd) slots centred on
+// each slot; the window is cut at the ends (padding never counts).
+// x, y: [n], must not alias.
+void max_pool1d(const float* x, int32_t n, int kernel, float* y);
+
+// Moves a[keep[i]] to a[i] for every i (keep strictly increasing), in place.
+template <typename T>
+void compact_slots(T* a, std::span<const int32_t> keep) {
+  for (size_t i = 0; i < keep.size(); ++i) a[i] = a[keep[i]];
+}
+
+}  // namespace lazykv::cpu

@@ -1,0 +1,19 @@
+// Factories of the individual policies (one file each); make_policy picks.
+#pragma once
+
+#include <memory>
+
+#include "worker/policy/policy.h"
+
+namespace lazykv {
+
+std::unique_ptr<EvictionPolicy> make_full_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_lazy_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_streaming_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_h2o_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_tova_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_snapkv_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_rkv_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_raas_policy(const PolicyConfig& config, const PolicyShape& shape);
+
+}  // namespace lazykv

@@ -1,0 +1,192 @@
+#include "worker/policy/policy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/error.h"
+#include "kernels/cpu/eviction.h"
+#include "worker/policy/policies.h"
+
+namespace lazykv {
+
+EvictionPolicy::EvictionPolicy(PolicyConfig config, const PolicyShape& shape, int heads_per_layer, Needs needs)
+    : config_(std::move(config)),
+      shape_(shape),
+      heads_per_layer_(heads_per_layer),
+      needs_(needs),
+      accumulate_prefill_(needs.attn_sum && needs.attn_prefill) {
+  if (shape.n_layer <= 0 || shape.n_head_kv <= 0 || shape.n_group <= 0 || shape.head_dim <= 0 ||
+      shape.prompt_len < 0 || heads_per_layer <= 0 || heads_per_layer % shape.n_head_kv != 0 ||
+      (shape.n_group * shape.n_head_kv) % heads_per_layer != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "policy " + config_.name + ": invalid model shape");
+  }
+  if (shape_.attn_scale == 0) shape_.attn_scale = 1.0f / std::sqrt(float(shape.head_dim));
+  heads_.resize(size_t(shape.n_layer) * size_t(heads_per_layer));
+  for (Head& h : heads_) {
+    h.stats.alpha = needs.alpha;
+    if (needs.keep_queries > 0) {
+      h.queries.assign(size_t(needs.keep_queries) * size_t(queries_per_head()) * size_t(shape.head_dim), 0.0f);
+      h.query_pos.assign(size_t(needs.keep_queries), -1);
+    }
+  }
+  scratch_.resize(size_t(shape.n_layer));
+  keep_.assign(size_t(shape.n_layer), std::vector<std::vector<int32_t>>(size_t(heads_per_layer)));
+}
+
+EvictionPolicy::~EvictionPolicy() = default;
+
+void EvictionPolicy::check_pass(int32_t start_pos, int32_t n_new) const {
+  if (n_new <= 0) throw Error(ErrorCode::kInvalidArgument, "policy: a pass must append at least one token");
+  if (evicts() && n_new > 1 && start_pos + n_new - 1 >= shape_.prompt_len) {
+    throw Error(ErrorCode::kInvalidArgument, "policy " + config_.name +
+                                                 ": decode tokens must be fed one per pass (each is its own step); "
+                                                 "the prompt has " + std::to_string(shape_.prompt_len) + " tokens");
+  }
+}
+
+void EvictionPolicy::begin_step(int32_t start_pos, int32_t n_new) {
+  check_pass(start_pos, n_new);
+  const int32_t last_pos = start_pos + n_new - 1;
+  step_ = step_of(last_pos);
+  pass_start_ = start_pos;
+  pass_end_ = last_pos + 1;
+  for (Head& h : heads_) {
+    const int32_t first = h.n;
+    const size_t n = size_t(first + n_new);
+    if (needs_.last_mri) {
+      h.last.resize(n);
+      h.mri.resize(n);
+    }
+    if (needs_.attn_sum) h.attn.resize(n, 0.0f);
+    if (needs_.hits) h.hits.resize(n, 0);
+    init_slots(h, first, n_new, start_pos);
+    h.n = int32_t(n);
+    point_stats(h);
+  }
+  slots_ += int64_t(n_new) * int64_t(heads_.size());
+  peak_slots_ = std::max(peak_slots_, slots_.load());
+}
+
+void EvictionPolicy::point_stats(Head& h) const {
+  h.stats.hits = needs_.hits ? h.hits.data() : nullptr;
+  h.stats.attn_sum = needs_.attn_sum ? h.attn.data() : nullptr;
+  h.prompt_stats.attn_sum = h.stats.attn_sum;
+}
+
+void EvictionPolicy::init_slots(Head& h, int32_t first, int32_t count, int32_t first_pos) {
+  for (int32_t i = 0; i < count; ++i) {
+    const int32_t t = step_of(first_pos + i);
+    if (needs_.last_mri) {
+      h.last[size_t(first + i)] = t == 0 ? 0 : t - 1;
+      h.mri[size_t(first + i)] = 0;
+    }
+  }
+}
+
+const cpu::AttentionStats* EvictionPolicy::stats(int layer, int h, int32_t pos) {
+  Head& hd = head(layer, h);
+  if (pos >= shape_.prompt_len) return (needs_.hits || needs_.attn_sum) ? &hd.stats : nullptr;
+  // Prompt queries record attention sums only, and only when asked.
+  if (!needs_.attn_sum) return nullptr;
+  if (needs_.attn_prefill || (needs_.attn_last_prompt && pos == shape_.prompt_len - 1)) return &hd.prompt_stats;
+  return nullptr;
+}
+
+float* EvictionPolicy::query_buffer(int layer, int h, int32_t pos) {
+  const int32_t k = needs_.keep_queries;
+  if (k == 0 || pos < shape_.prompt_len - k) return nullptr;
+  Head& hd = head(layer, h);
+  const size_t ring = size_t(pos % k);
+  hd.query_pos[ring] = pos;
+  return hd.queries.data() + ring * size_t(queries_per_head()) * size_t(shape_.head_dim);
+}
+
+void EvictionPolicy::end_step(int layer, KvCache& cache, SeqId seq) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::span<Head> layer_heads(heads_.data() + size_t(layer) * size_t(heads_per_layer_), size_t(heads_per_layer_));
+  for (int h = 0; h < heads_per_layer_; ++h) {
+    if (cache.n_slots(seq, layer, h) != layer_heads[size_t(h)].n) {
+      throw Error(ErrorCode::kInternal, "policy " + config_.name + ": state of layer " + std::to_string(layer) +
+                                            " head " + std::to_string(h) + " out of step with the KV cache");
+    }
+  }
+  std::vector<std::vector<int32_t>>& keep = keep_[size_t(layer)];
+  for (auto& k : keep) k.clear();
+  select(layer, layer_heads, cache, seq, keep);
+  for (int h = 0; h < heads_per_layer_; ++h) {
+    Head& hd = layer_heads[size_t(h)];
+    const std::vector<int32_t>& k = keep[size_t(h)];
+    if (needs_.hits) std::fill(hd.hits.begin(), hd.hits.end(), uint8_t(0));
+    if (k.empty() || int32_t(k.size()) == hd.n) continue;
+    cache.compact(seq, layer, h, k);
+    const auto shrink = [&](auto& v) {
+      if (v.empty()) return;
+      cpu::compact_slots(v.data(), std::span<const int32_t>(k));
+      v.resize(k.size());
+    };
+    shrink(hd.last);
+    shrink(hd.mri);
+    shrink(hd.attn);
+    shrink(hd.hits);
+    const int32_t dropped = hd.n - int32_t(k.size());
+    hd.n = int32_t(k.size());
+    point_stats(hd);
+    slots_ -= dropped;
+    evicted_ += dropped;
+  }
+  policy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void EvictionPolicy::keep_top(const float* scores, int32_t n_candidates, int32_t n, int32_t k,
+                              std::vector<int32_t>& keep, std::vector<int32_t>& index) {
+  k = std::clamp(k, 0, n_candidates);
+  keep.resize(size_t(k + (n - n_candidates)));
+  index.resize(size_t(n_candidates));
+  cpu::top_k_slots(scores, n_candidates, k, keep.data(), index.data());
+  for (int32_t s = n_candidates; s < n; ++s) keep[size_t(k + s - n_candidates)] = s;
+}
+
+int32_t EvictionPolicy::recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const {
+  std::vector<std::pair<int32_t, int32_t>> kept;  // (position, ring index); at most keep_queries entries
+  for (size_t i = 0; i < h.query_pos.size(); ++i) {
+    if (h.query_pos[i] >= 0) kept.emplace_back(h.query_pos[i], int32_t(i));
+  }
+  std::sort(kept.begin(), kept.end());
+  const int qph = queries_per_head();
+  const size_t row = size_t(kv.n_slots);
+  probs.resize(kept.size() * size_t(qph) * row);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const float* q = h.queries.data() + size_t(kept[i].second) * size_t(qph) * size_t(shape_.head_dim);
+    cpu::attention_probs(q, qph, shape_.head_dim, kv, kept[i].first, shape_.attn_scale,
+                         probs.data() + i * size_t(qph) * row);
+  }
+  return int32_t(kept.size()) * qph;
+}
+
+nlohmann::json EvictionPolicy::slot_state(int layer, int h) const {
+  const Head& hd = heads_[size_t(layer) * size_t(heads_per_layer_) + size_t(h)];
+  nlohmann::json j = nlohmann::json::object();
+  if (needs_.last_mri) {
+    j["last"] = hd.last;
+    j["mri"] = hd.mri;
+  }
+  if (needs_.attn_sum) j["attn"] = hd.attn;
+  return j;
+}
+
+std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const PolicyShape& shape) {
+  const std::string& n = config.name;
+  if (n == "full") return make_full_policy(config, shape);
+  if (n == "lazy") return make_lazy_policy(config, shape);
+  if (n == "streaming") return make_streaming_policy(config, shape);
+  if (n == "h2o") return make_h2o_policy(config, shape);
+  if (n == "tova") return make_tova_policy(config, shape);
+  if (n == "snapkv") return make_snapkv_policy(config, shape);
+  if (n == "rkv") return make_rkv_policy(config, shape);
+  if (n == "raas") return make_raas_policy(config, shape);
+  throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + n + "'");
+}
+
+}  // namespace lazykv

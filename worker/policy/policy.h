@@ -1,0 +1,158 @@
+// Eviction policy framework. One EvictionPolicy object per sequence holds a
+// small state machine per (layer, cache head): per-slot arrays kept aligned
+// with the KV cache's slots. The forward pass drives it:
+//
+//   begin_step(start_pos, n_new)     before the pass (new slots get state)
+//   stats(layer, head, pos)          what the attention kernel records for
+//   query_buffer(layer, head, pos)   the token at pos (null: nothing)
+//   end_step(layer, cache, seq)      after the pass: update, select, compact
+//
+// Attention in the step sees the full cache; eviction happens after it, so a
+// policy's peak is its budget plus what it lets accumulate between
+// compactions. Decode step t counts from 1 after the prompt: the token at
+// position P + t - 1 is step t's query (P = prompt length).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <span>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "worker/kv_cache.h"
+#include "worker/policy/policy_config.h"
+
+namespace lazykv {
+
+struct PolicyShape {
+  int n_layer = 0;
+  int n_head_kv = 0;
+  int n_group = 1;      // query heads per KV head
+  int head_dim = 0;
+  int32_t prompt_len = 0;
+  float attn_scale = 0;  // 1/sqrt(head_dim) unless the model says otherwise
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy();
+  EvictionPolicy(const EvictionPolicy&) = delete;
+  EvictionPolicy& operator=(const EvictionPolicy&) = delete;
+
+  const PolicyConfig& config() const { return config_; }
+  const PolicyShape& shape() const { return shape_; }
+  // Cache heads per layer: the sequence must be added to the KvCache with
+  // this (n_head_kv, or n_head_kv * n_group when selecting per query head).
+  int heads_per_layer() const { return heads_per_layer_; }
+  int queries_per_head() const { return shape_.n_group * shape_.n_head_kv / heads_per_layer_; }
+  // Decode step of the latest token (0 while in the prompt).
+  int32_t step() const { return step_; }
+  bool evicts() const { return config_.name != "full"; }
+
+  // --- forward-pass hooks ---
+  // Throws Error(kInvalidArgument) when a pass feeds more than one decode
+  // token to an evicting policy (every decode token is its own step).
+  void check_pass(int32_t start_pos, int32_t n_new) const;
+  void begin_step(int32_t start_pos, int32_t n_new);  // check_pass, then new slots get state
+  // Statistics the kernel records for the query at `pos` (null: none).
+  // Concurrent calls for distinct (layer, head) are safe.
+  const cpu::AttentionStats* stats(int layer, int head, int32_t pos);
+  // Where the forward pass copies the query vectors [queries_per_head][head_dim]
+  // of the token at pos, for policies that rescore from recent queries (null: not kept).
+  float* query_buffer(int layer, int head, int32_t pos);
+  // True when stats accumulate over several tokens of one pass (prompt
+  // attention sums): the forward pass then runs a head's tokens on one thread.
+  bool serial_prefill() const { return accumulate_prefill_; }
+  // Updates state from this step's statistics and compacts the layer's cache
+  // heads when the policy says so. Layers may run concurrently.
+  void end_step(int layer, KvCache& cache, SeqId seq);
+
+  // --- reports ---
+  int64_t slots() const { return slots_.load(); }  // over all layers and heads
+  int64_t peak_slots() const { return peak_slots_; }
+  int64_t evicted_slots() const { return evicted_.load(); }
+  // Seconds spent in end_step (statistics upkeep, scoring, selection, compaction).
+  double policy_seconds() const { return double(policy_ns_.load()) * 1e-9; }
+  // The per-slot state of one head, for trace replay: {"last": [...], ...}.
+  virtual nlohmann::json slot_state(int layer, int head) const;
+
+ protected:
+  // Per-slot state of one (layer, cache head); every non-empty per-slot
+  // vector has n entries, in the cache's slot order.
+  struct Head {
+    int32_t n = 0;
+    std::vector<int32_t> last, mri;
+    std::vector<float> attn;
+    std::vector<uint8_t> hits;
+    std::vector<float> queries;          // ring [keep_queries][queries_per_head][head_dim]
+    std::vector<int32_t> query_pos;      // ring [keep_queries]: position of each kept query
+    cpu::AttentionStats stats;         // decode queries
+    cpu::AttentionStats prompt_stats;  // prompt queries: attention sums only
+  };
+  // What the policy asks of the attention kernel and the base class.
+  struct Needs {
+    bool hits = false;
+    float alpha = 0;
+    bool attn_sum = false;         // accumulate probabilities into Head::attn
+    bool attn_prefill = false;     // ... for prompt tokens too (else decode only)
+    bool attn_last_prompt = false; // ... for the last prompt token only
+    bool last_mri = false;         // keep Head::last / Head::mri per slot
+    int32_t keep_queries = 0;      // remember the last queries (ring)
+  };
+
+  EvictionPolicy(PolicyConfig config, const PolicyShape& shape, int heads_per_layer, Needs needs);
+
+  // New slots [first, first + count) hold positions first_pos...; the default
+  // sets last = (prompt ? 0 : step - 1), mri = 0, attn = 0.
+  virtual void init_slots(Head& h, int32_t first, int32_t count, int32_t first_pos);
+  // After the pass, for one layer: update state from h.hits / h.attn, then
+  // fill keep[head] with the slot indices to keep (strictly increasing), or
+  // leave it empty to keep every slot. Called with the layer's heads.
+  virtual void select(int layer, std::span<Head> heads, const KvCache& cache, SeqId seq,
+                      std::vector<std::vector<int32_t>>& keep) = 0;
+
+  // Helpers for subclasses.
+  int32_t prompt_len() const { return shape_.prompt_len; }
+  // True in the end_step of the pass that appended the prompt's last token.
+  bool prompt_just_completed() const { return pass_start_ < shape_.prompt_len && pass_end_ >= shape_.prompt_len; }
+  // The decode step a position belongs to (0 for prompt positions).
+  int32_t step_of(int32_t pos) const { return pos < shape_.prompt_len ? 0 : pos - shape_.prompt_len + 1; }
+  // Keeps the top `k` slots among [0, n_candidates) by score, plus every slot
+  // in [n_candidates, n); writes sorted indices to keep. Ties: older first.
+  void keep_top(const float* scores, int32_t n_candidates, int32_t n, int32_t k, std::vector<int32_t>& keep,
+                std::vector<int32_t>& index);
+  // Probabilities of the kept queries over the head's slots, each with its
+  // own causal mask: probs[n_kept][n] (returns n_kept).
+  int32_t recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const;
+  // Scratch for select() (one set per layer: layers run concurrently).
+  struct Scratch {
+    std::vector<float> scores, pooled, probs, keys, aux;
+    std::vector<int32_t> index;
+  };
+  Scratch& scratch(int layer) { return scratch_[size_t(layer)]; }
+
+ private:
+  void point_stats(Head& h) const;  // after the per-slot vectors move
+  Head& head(int layer, int h) { return heads_[size_t(layer) * size_t(heads_per_layer_) + size_t(h)]; }
+
+  PolicyConfig config_;
+  PolicyShape shape_;
+  int heads_per_layer_;
+  Needs needs_;
+  bool accumulate_prefill_;
+  int32_t step_ = 0;
+  int32_t pass_start_ = 0, pass_end_ = 0;  // positions of the current pass
+  std::vector<Head> heads_;                // [n_layer][heads_per_layer]
+  std::vector<Scratch> scratch_;           // [n_layer]
+  std::vector<std::vector<std::vector<int32_t>>> keep_;  // [n_layer][heads_per_layer]
+  std::atomic<int64_t> slots_{0}, evicted_{0}, policy_ns_{0};
+  int64_t peak_slots_ = 0;
+};
+
+// Builds the policy named by config for one sequence. Throws
+// Error(kInvalidArgument) when the shape does not suit it.
+std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const PolicyShape& shape);
+
+}  // namespace lazykv

@@ -1,0 +1,180 @@
+#include "worker/policy/policy_config.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace lazykv {
+namespace {
+
+constexpr double kMaxSlots = 1 << 24;
+
+PolicyParam budget_param() {
+  return {"budget", 512, 1, kMaxSlots, true, "slots kept per KV head after compaction, prompt included"};
+}
+
+std::string format_number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+const PolicyInfo& find_policy(const std::string& name) {
+  for (const PolicyInfo& p : policy_catalog()) {
+    if (p.name == name) return p;
+  }
+  std::ostringstream valid;
+  for (const PolicyInfo& p : policy_catalog()) valid << (&p == &policy_catalog().front() ? "" : ", ") << p.name;
+  throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + name + "'; valid policies: " + valid.str());
+}
+
+std::string param_list(const PolicyInfo& info) {
+  if (info.params.empty()) return "none";
+  std::ostringstream out;
+  for (const PolicyParam& p : info.params) {
+    if (&p != &info.params.front()) out << "; ";
+    out << p.name << " in [" << p.min << ", " << p.max << "]" << (p.integer ? " (integer)" : "") << ", default "
+        << p.default_value;
+  }
+  return out.str();
+}
+
+// Rules between parameters; value ranges alone are checked by the catalog.
+void check_cross_rules(const PolicyConfig& c) {
+  const auto require_below_budget = [&](const std::string& param) {
+    if (c.get(param) >= c.get("budget")) {
+      throw Error(ErrorCode::kInvalidArgument, "policy " + c.name + ": " + param + " (" + format_number(c.get(param)) +
+                                                   ") must be smaller than budget (" +
+                                                   format_number(c.get("budget")) + ")");
+    }
+  };
+  if (c.name == "lazy" || c.name == "snapkv" || c.name == "rkv") require_below_budget("window");
+  if (c.name == "streaming") require_below_budget("sinks");
+  if (c.name == "h2o") require_below_budget("recent");
+}
+
+}  // namespace
+
+const std::vector<PolicyInfo>& policy_catalog() {
+  static const std::vector<PolicyInfo> catalog = {
+      {"full", "no eviction: every token stays cached", {}},
+      {"lazy",
+       "LazyEviction: lagged eviction by each token's recurrence interval",
+       {budget_param(),
+        {"window", 128, 1, kMaxSlots, true, "observation window = protected recent slots = eviction period W"},
+        {"alpha", 1e-4, 0, 1, false, "attention probability that counts as a hit"},
+        {"per_query_head", 0, 0, 1, true, "1: track and select per query head (GQA expanded), as the reference"}}},
+      {"streaming",
+       "StreamingLLM: attention sinks plus a recent window",
+       {budget_param(), {"sinks", 4, 0, kMaxSlots, true, "first tokens always kept"}}},
+      {"h2o",
+       "H2O: heavy hitters by accumulated attention plus a recent window, evicting every step",
+       {budget_param(), {"recent", 0, 0, kMaxSlots, true, "recent slots always kept; 0 is half the budget"}}},
+      {"tova", "TOVA: the current query's attention averaged over the layer's heads, one top-k per layer",
+       {budget_param()}},
+      {"snapkv",
+       "SnapKV: pooled attention of the last queries, at prefill and every `period` decode steps",
+       {budget_param(),
+        {"window", 32, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
+        {"kernel", 5, 1, 63, true, "max-pooling kernel (odd)"},
+        {"period", 128, 0, kMaxSlots, true, "decode steps between compressions; 0 is prefill only"}}},
+      {"rkv",
+       "R-KV: importance from the last queries minus key redundancy, every `period` steps",
+       {budget_param(),
+        {"period", 128, 1, kMaxSlots, true, "decode steps between compressions"},
+        {"window", 8, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
+        {"kernel", 7, 1, 63, true, "max-pooling kernel (odd)"},
+        {"lambda", 0.1, 0, 1, false, "weight of importance against redundancy"}}},
+      {"raas",
+       "RaaS: timestamps refreshed by attention >= alpha, the oldest evicted, prompt kept",
+       {budget_param(), {"alpha", 1e-4, 0, 1, false, "attention probability that refreshes a timestamp"}}},
+  };
+  return catalog;
+}
+
+double PolicyConfig::get(const std::string& param) const {
+  auto it = params.find(param);
+  if (it == params.end()) throw Error(ErrorCode::kInternal, "policy " + name + " has no parameter '" + param + "'");
+  return it->second;
+}
+
+int32_t PolicyConfig::budget() const {
+  auto it = params.find("budget");
+  return it == params.end() ? 0 : int32_t(it->second);
+}
+
+std::string PolicyConfig::to_string() const {
+  std::ostringstream out;
+  out << name;
+  if (params.empty()) return out.str();
+  out << "(";
+  for (auto it = params.begin(); it != params.end(); ++it) out << (it == params.begin() ? "" : ",") << it->first << "=" << it->second;
+  out << ")";
+  return out.str();
+}
+
+nlohmann::json PolicyConfig::to_json() const {
+  nlohmann::json j = {{"name", name}};
+  for (const auto& [k, v] : params) j[k] = v;
+  return j;
+}
+
+PolicyConfig make_policy_config(const std::string& name, const std::map<std::string, std::string>& params) {
+  const PolicyInfo& info = find_policy(name);
+  PolicyConfig c;
+  c.name = info.name;
+  for (const PolicyParam& p : info.params) c.params[p.name] = p.default_value;
+  for (const auto& [key, text] : params) {
+    const PolicyParam* param = nullptr;
+    for (const PolicyParam& p : info.params) {
+      if (p.name == key) param = &p;
+    }
+    if (param == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "policy " + name + " has no parameter '" + key + "'; its parameters: " + param_list(info));
+    }
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    const bool parsed = !text.empty() && end == text.c_str() + text.size() && std::isfinite(v);
+    if (!parsed || v < param->min || v > param->max || (param->integer && v != std::floor(v))) {
+      throw Error(ErrorCode::kInvalidArgument, "policy " + name + ": invalid " + key + " '" + text + "'; expected " +
+                                                   (param->integer ? "an integer" : "a number") + " in [" +
+                                                   format_number(param->min) + ", " + format_number(param->max) + "]");
+    }
+    c.params[key] = v;
+  }
+  if (c.name == "snapkv" || c.name == "rkv") {
+    if (int(c.get("kernel")) % 2 == 0) {
+      throw Error(ErrorCode::kInvalidArgument, "policy " + name + ": kernel must be odd");
+    }
+  }
+  check_cross_rules(c);
+  return c;
+}
+
+PolicyConfig make_policy_config(const nlohmann::json& spec) {
+  if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) {
+    throw Error(ErrorCode::kInvalidArgument, "policy: expected an object with a string \"name\"");
+  }
+  std::map<std::string, std::string> params;
+  for (const auto& [key, value] : spec.items()) {
+    if (key == "name") continue;
+    if (value.is_number()) {
+      std::ostringstream os;
+      os.precision(17);
+      os << value.get<double>();
+      params[key] = os.str();
+    } else if (value.is_boolean()) {
+      params[key] = std::string(1, value.get<bool>() ? '1' : '0');
+    } else {
+      throw Error(ErrorCode::kInvalidArgument, "policy: parameter '" + key + "' must be a number");
+    }
+  }
+  return make_policy_config(spec["name"].get<std::string>(), params);
+}
+
+}  // namespace lazykv

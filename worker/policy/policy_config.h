@@ -1,0 +1,52 @@
+// Eviction policies by name, with typed, validated parameters. The catalog is
+// the one list of policies and their parameters: the CLI, the API and trace
+// replay all build a PolicyConfig through it, so an unknown name or a bad
+// value gets the same clear error everywhere.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace lazykv {
+
+struct PolicyParam {
+  std::string name;
+  double default_value = 0;
+  double min = 0;
+  double max = 0;
+  bool integer = true;
+  std::string help;
+};
+
+struct PolicyInfo {
+  std::string name;
+  std::string summary;
+  std::vector<PolicyParam> params;
+};
+
+// Every policy lazykv offers, in documentation order.
+const std::vector<PolicyInfo>& policy_catalog();
+
+struct PolicyConfig {
+  std::string name = "full";
+  std::map<std::string, double> params;  // every parameter of the policy, defaults filled in
+
+  double get(const std::string& param) const;  // throws kInternal for a name the policy lacks
+  int32_t get_int(const std::string& param) const { return int32_t(get(param)); }
+  int32_t budget() const;  // slots per KV head after compaction; 0 for `full`
+  // "lazy(alpha=0.0001,budget=512,per_query_head=0,window=128)"
+  std::string to_string() const;
+  nlohmann::json to_json() const;
+};
+
+// Validates the name and each parameter (range, integer-ness, cross-parameter
+// rules such as window < budget). Throws Error(kInvalidArgument) naming the
+// valid policies or the policy's valid parameters and ranges.
+PolicyConfig make_policy_config(const std::string& name, const std::map<std::string, std::string>& params = {});
+// From {"name": ..., "<param>": value, ...}.
+PolicyConfig make_policy_config(const nlohmann::json& spec);
+
+}  // namespace lazykv

@@ -1,0 +1,138 @@
+#include "worker/policy/trace_replay.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/fp16.h"
+#include "worker/kv_cache.h"
+#include "worker/policy/policy.h"
+
+namespace lazykv {
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, "trace: " + what); }
+
+int positive_int(const nlohmann::json& trace, const char* key) {
+  if (!trace.contains(key) || !trace[key].is_number_integer() || trace[key].get<int64_t>() <= 0 ||
+      trace[key].get<int64_t>() > 4096) {
+    bad(std::string("\"") + key + "\" must be an integer in [1, 4096]");
+  }
+  return trace[key].get<int>();
+}
+
+// A [D] vector of numbers.
+std::vector<float> vector_of(const nlohmann::json& v, int D, const std::string& where) {
+  if (!v.is_array() || int(v.size()) != D) bad(where + " must be an array of " + std::to_string(D) + " numbers");
+  std::vector<float> out(static_cast<size_t>(D));
+  for (int d = 0; d < D; ++d) {
+    if (!v[size_t(d)].is_number()) bad(where + "[" + std::to_string(d) + "] is not a number");
+    out[size_t(d)] = v[size_t(d)].get<float>();
+    if (!std::isfinite(out[size_t(d)])) bad(where + "[" + std::to_string(d) + "] is not finite");
+  }
+  return out;
+}
+
+std::vector<uint16_t> to_half(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = fp32_to_fp16(x[i]);
+  return h;
+}
+
+}  // namespace
+
+nlohmann::json replay_trace(const nlohmann::json& trace) {
+  if (!trace.is_object()) bad("expected a JSON object");
+  if (!trace.contains("policy")) bad("missing \"policy\"");
+  const PolicyConfig config = make_policy_config(trace["policy"]);
+  const int H = positive_int(trace, "H");
+  const int D = positive_int(trace, "D");
+  if (!trace.contains("prompt_keys") || !trace["prompt_keys"].is_array() || int(trace["prompt_keys"].size()) != H) {
+    bad("\"prompt_keys\" must be an array of H = " + std::to_string(H) + " heads");
+  }
+  const int32_t P = int32_t(trace["prompt_keys"][0].is_array() ? trace["prompt_keys"][0].size() : 0);
+  for (int h = 0; h < H; ++h) {
+    if (!trace["prompt_keys"][size_t(h)].is_array() || int32_t(trace["prompt_keys"][size_t(h)].size()) != P) {
+      bad("\"prompt_keys\"[" + std::to_string(h) + "] must hold " + std::to_string(P) + " keys like head 0");
+    }
+  }
+  const bool has_prompt_queries = trace.contains("prompt_queries");
+  if (has_prompt_queries && (!trace["prompt_queries"].is_array() || int(trace["prompt_queries"].size()) != H)) {
+    bad("\"prompt_queries\" must be an array of H heads of P queries");
+  }
+  if (!trace.contains("steps") || !trace["steps"].is_array()) bad("\"steps\" must be an array");
+  const nlohmann::json& steps = trace["steps"];
+
+  const int32_t n_total = P + int32_t(steps.size());
+  KvCache cache({1, H, D, 64, 0});
+  const PolicyShape shape{1, H, 1, D, P, 1.0f / std::sqrt(float(D))};
+  std::unique_ptr<EvictionPolicy> policy = make_policy(config, shape);
+  const SeqId seq = 0;
+  cache.add_sequence(seq, policy->heads_per_layer());
+  std::vector<float> probs(static_cast<size_t>(n_total)), out(static_cast<size_t>(D));
+
+  // Attention of query q at position pos over head h's cache, recording the
+  // statistics the policy asks for and keeping the query when it wants it.
+  const auto attend = [&](int h, int32_t pos, const std::vector<float>& q) {
+    if (float* keep = policy->query_buffer(0, h, pos)) std::copy(q.begin(), q.end(), keep);
+    cpu::attention_group(q.data(), 1, D, cache.view(seq, 0, h), pos, shape.attn_scale, probs.data(), out.data(),
+                         nullptr, policy->stats(0, h, pos));
+  };
+
+  if (P > 0) {
+    cache.reserve(seq, P);
+    policy->begin_step(0, P);
+    for (int h = 0; h < H; ++h) {
+      for (int32_t p = 0; p < P; ++p) {
+        const std::string where = "prompt_keys[" + std::to_string(h) + "][" + std::to_string(p) + "]";
+        const std::vector<uint16_t> k = to_half(vector_of(trace["prompt_keys"][size_t(h)][size_t(p)], D, where));
+        cache.append(seq, 0, h, p, k.data(), k.data());
+      }
+    }
+    if (has_prompt_queries) {
+      for (int h = 0; h < H; ++h) {
+        const nlohmann::json& qs = trace["prompt_queries"][size_t(h)];
+        if (!qs.is_array() || int32_t(qs.size()) != P) bad("\"prompt_queries\"[" + std::to_string(h) + "] must hold P queries");
+        for (int32_t p = 0; p < P; ++p) {
+          attend(h, p, vector_of(qs[size_t(p)], D, "prompt_queries[" + std::to_string(h) + "][" + std::to_string(p) + "]"));
+        }
+      }
+    }
+    policy->end_step(0, cache, seq);
+  }
+
+  nlohmann::json result = {{"policy", config.to_json()}, {"prompt_len", P}, {"steps", nlohmann::json::array()}};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const nlohmann::json& step = steps[i];
+    const std::string where = "steps[" + std::to_string(i) + "]";
+    if (!step.is_object() || !step.contains("query") || !step.contains("new_key") || !step["query"].is_array() ||
+        !step["new_key"].is_array() || int(step["query"].size()) != H || int(step["new_key"].size()) != H) {
+      bad(where + " must be {\"query\": [H][D], \"new_key\": [H][D]}");
+    }
+    const int32_t pos = P + int32_t(i);
+    cache.reserve(seq, 1);
+    policy->begin_step(pos, 1);
+    for (int h = 0; h < H; ++h) {
+      const std::vector<uint16_t> k =
+          to_half(vector_of(step["new_key"][size_t(h)], D, where + ".new_key[" + std::to_string(h) + "]"));
+      cache.append(seq, 0, h, pos, k.data(), k.data());
+    }
+    for (int h = 0; h < H; ++h) {
+      attend(h, pos, vector_of(step["query"][size_t(h)], D, where + ".query[" + std::to_string(h) + "]"));
+    }
+    policy->end_step(0, cache, seq);
+    nlohmann::json kept = nlohmann::json::array(), state = nlohmann::json::array();
+    for (int h = 0; h < policy->heads_per_layer(); ++h) {
+      const std::span<const int32_t> p = cache.positions(seq, 0, h);
+      kept.push_back(std::vector<int32_t>(p.begin(), p.end()));
+      state.push_back(policy->slot_state(0, h));
+    }
+    result["steps"].push_back({{"t", policy->step()}, {"kept", kept}, {"state", state}});
+  }
+  result["peak_slots"] = policy->peak_slots();
+  return result;
+}
+
+}  // namespace lazykv
