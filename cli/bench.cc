@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -89,7 +90,60 @@ struct Bench {
     }
     return best;
   }
+
+  struct PolicyRun {
+    double decode_s = 0, policy_s = 0;
+    int64_t peak_slots = 0;
+  };
+  // One sequence under `config`: a prompt of ctx tokens, then `steps` decode
+  // steps (greedy). Times the decode steps and the policy's share of them.
+  PolicyRun decode_with_policy(const PolicyConfig& config, int ctx, int steps) {
+    const ModelConfig& c = model.config();
+    KvCache cache(cache_config());
+    ForwardPass fp(model, cache, pool, precision);
+    auto policy = make_policy(config, policy_shape(c, ctx));
+    cache.add_sequence(0, policy->heads_per_layer());
+    const auto ids = bench_tokens(ctx, c.n_vocab, 11);
+    BatchItem item{0, ids, 0, false, policy.get()};
+    int32_t next = argmax(fp.run({&item, 1}));
+    const double policy_s0 = policy->policy_seconds();
+    const auto t = Clock::now();
+    for (int s = 0; s < steps; ++s) {
+      item = BatchItem{0, {&next, 1}, ctx + s, false, policy.get()};
+      next = argmax(fp.run({&item, 1}));
+    }
+    return {seconds_since(t), policy->policy_seconds() - policy_s0, policy->peak_slots()};
+  }
 };
+
+// The cost of a policy per decode step, against `full` on the same tokens:
+// the policy's own time (statistics upkeep, scoring, selection, compaction)
+// as a fraction of the step, and the statistics the attention kernel records
+// (the policy with a budget it never reaches against `full`).
+nlohmann::json policy_cost(Bench& bench, const PolicyConfig& config, int steps) {
+  const int budget = config.budget();
+  int window = 0;
+  if (config.params.count("window") != 0) window = config.get_int("window");
+  const int ctx = budget;  // the prompt fills the budget: every step runs at C .. C + W slots
+  const int total_steps = std::max(steps, 4 * std::max(window, 1));
+  const Bench::PolicyRun run = bench.decode_with_policy(config, ctx, total_steps);
+  std::map<std::string, std::string> unbounded;
+  for (const auto& [k, v] : config.params) unbounded[k] = std::to_string(v);
+  unbounded["budget"] = std::to_string(ctx + total_steps + 1);
+  const Bench::PolicyRun stats_only = bench.decode_with_policy(make_policy_config(config.name, unbounded), ctx, total_steps);
+  const Bench::PolicyRun full = bench.decode_with_policy(make_policy_config(std::string("full")), ctx, total_steps);
+  const double slot_bytes = double(bench.cache_config().head_dim) * 4;
+  return {{"policy", config.to_json()},
+          {"steps", total_steps},
+          {"prompt_tokens", ctx},
+          {"decode_tok_s", total_steps / run.decode_s},
+          {"policy_ms_per_step", run.policy_s * 1e3 / total_steps},
+          {"policy_fraction_of_step", run.policy_s / run.decode_s},
+          {"peak_kv_bytes", double(run.peak_slots) * slot_bytes},
+          {"stats_only_decode_tok_s", total_steps / stats_only.decode_s},
+          {"full_decode_tok_s", total_steps / full.decode_s},
+          {"full_peak_kv_bytes", double(full.peak_slots) * slot_bytes}};
+}
 
 }  // namespace
 
@@ -100,7 +154,9 @@ int run_bench(const std::vector<std::string>& args) {
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
       .add("reps", "3", "repetitions; the best is reported")
       .add("prefill-tokens", "512", "prompt length of the prefill measurement")
-      .add("decode-steps", "64", "decode steps per measurement");
+      .add("decode-steps", "64", "decode steps per measurement")
+      .add_switch("policy-only", "measure only the --kv-policy cost (skip prefill and plain decode)");
+  add_policy_flags(flags);
   flags.parse(args);
   if (flags.help_requested()) {
     std::fputs(flags.usage().c_str(), stdout);
@@ -118,11 +174,15 @@ int run_bench(const std::vector<std::string>& args) {
   out["weight_bytes"] = m.model->weight_bytes();
   out["threads"] = pool.size();
   out["activations"] = flags.get("activations");
-  out["prefill_tokens"] = n_prefill;
-  out["prefill_tok_s"] = bench.prefill(n_prefill);
-  out["decode_ctx128_tok_s"] = bench.decode(1, 128, steps);
-  out["decode_ctx2048_tok_s"] = bench.decode(1, 2048, steps);
-  out["decode_batch8_ctx128_tok_s"] = bench.decode(8, 128, steps);
+  const PolicyConfig policy = policy_from_flags(flags);
+  if (!flags.get_bool("policy-only")) {
+    out["prefill_tokens"] = n_prefill;
+    out["prefill_tok_s"] = bench.prefill(n_prefill);
+    out["decode_ctx128_tok_s"] = bench.decode(1, 128, steps);
+    out["decode_ctx2048_tok_s"] = bench.decode(1, 2048, steps);
+    out["decode_batch8_ctx128_tok_s"] = bench.decode(8, 128, steps);
+  }
+  if (policy.name != "full") out["policy_cost"] = policy_cost(bench, policy, steps);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   out["peak_rss_bytes"] = int64_t(usage.ru_maxrss) * 1024;

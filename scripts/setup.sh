@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev
   clang libclang-rt-14-dev  # libFuzzer targets
+  python3-matplotlib        # eval harness plots (eval/plot.py)
 )
 missing=()
 for p in "${packages[@]}"; do
