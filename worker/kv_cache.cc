@@ -79,6 +79,7 @@ uint16_t* KvCache::page_values(int32_t page) const {
 }
 
 int32_t KvCache::take_page() {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
   if (free_pages_.empty()) {
     const int32_t first = int32_t(pool_pages_);
     chunks_.emplace_back(new uint8_t[page_bytes_ * kPagesPerChunk]);
@@ -92,6 +93,7 @@ int32_t KvCache::take_page() {
 }
 
 void KvCache::give_page(int32_t page) {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
   free_pages_.push_back(page);
   --pages_in_use_;
 }

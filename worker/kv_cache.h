@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -64,7 +65,8 @@ class KvCache {
   cpu::KvPages view(SeqId seq, int layer, int kv_head) const;
 
   // Keeps only the slots whose indices are listed (strictly increasing),
-  // moving them down in place (order preserved); frees emptied pages.
+  // moving them down in place (order preserved); frees emptied pages. Safe to
+  // call concurrently for different heads (eviction runs layers in parallel).
   void compact(SeqId seq, int layer, int kv_head, std::span<const int32_t> keep);
 
   size_t page_bytes() const { return page_bytes_; }
@@ -97,6 +99,7 @@ class KvCache {
   size_t page_bytes_;
   static constexpr int kPagesPerChunk = 256;
   std::vector<std::unique_ptr<uint8_t[]>> chunks_;  // pool memory, grown on demand
+  std::mutex pool_mutex_;  // guards free_pages_, pool growth and pages_in_use_
   std::vector<int32_t> free_pages_;
   size_t pool_pages_ = 0;
   size_t pages_in_use_ = 0;
