@@ -131,7 +131,7 @@ nlohmann::json policy_cost(Bench& bench, const PolicyConfig& config, int steps) 
   for (const auto& [k, v] : config.params) unbounded[k] = std::to_string(v);
   unbounded["budget"] = std::to_string(ctx + total_steps + 1);
   const Bench::PolicyRun stats_only = bench.decode_with_policy(make_policy_config(config.name, unbounded), ctx, total_steps);
-  const Bench::PolicyRun full = bench.decode_with_policy(make_policy_config(std::string("full")), ctx, total_steps);
+  const Bench::PolicyRun full = bench.decode_with_policy(make_policy_config("full"), ctx, total_steps);
   const double slot_bytes = double(bench.cache_config().head_dim) * 4;
   return {{"policy", config.to_json()},
           {"steps", total_steps},

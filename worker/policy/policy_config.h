@@ -46,6 +46,7 @@ struct PolicyConfig {
 // rules such as window < budget). Throws Error(kInvalidArgument) naming the
 // valid policies or the policy's valid parameters and ranges.
 PolicyConfig make_policy_config(const std::string& name, const std::map<std::string, std::string>& params = {});
+inline PolicyConfig make_policy_config(const char* name) { return make_policy_config(std::string(name)); }
 // From {"name": ..., "<param>": value, ...}.
 PolicyConfig make_policy_config(const nlohmann::json& spec);
 

@@ -43,10 +43,13 @@ class RaasPolicy final : public EvictionPolicy {
       const int32_t n_decode = hd.n - n_prompt;
       const int32_t k = std::max(budget_ - n_prompt, 1);
       if (n_decode <= k) continue;
+      // The newest slot always stays (a decode slot hit this step ties with
+      // it on the timestamp, and ties go to the older position); the other
+      // k - 1 are the newest-stamped of the rest.
       s.scores.resize(size_t(n_decode));
       for (int32_t i = 0; i < n_decode; ++i) s.scores[size_t(i)] = float(hd.last[size_t(n_prompt + i)]);
       std::vector<int32_t>& kp = keep[h];
-      keep_top(s.scores.data(), n_decode, n_decode, k, kp, s.index);
+      keep_top(s.scores.data(), n_decode - 1, n_decode, k - 1, kp, s.index);
       for (int32_t& v : kp) v += n_prompt;
       kp.insert(kp.begin(), size_t(n_prompt), 0);
       for (int32_t i = 0; i < n_prompt; ++i) kp[size_t(i)] = i;

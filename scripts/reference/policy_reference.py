@@ -1,0 +1,562 @@
+#!/usr/bin/env python3
+"""Independent reference implementation of lazykv's eviction policies.
+
+Writes golden traces for `lazykv replay-policy` (worker/policy/trace_replay.cc)
+to tests/data/policy/<policy>_<case>.json:
+  {"trace": {...}, "expected": {"peak_slots": N, "steps": [{"t", "kept", "state"}, ...]}}
+tests/unit/policy/golden_traces_test.cc replays every trace and compares.
+
+Regenerate (deterministic: fixed seeds; numpy only):
+  /tmp/refvenv/bin/python scripts/reference/policy_reference.py [--out tests/data/policy]
+
+Written from the stated semantics, not from the C++ bodies: docs/architecture.md
+("Eviction: exact semantics of LazyEviction"), the header comment of each
+worker/policy/<name>.cc, worker/policy/policy.h and trace_replay.h. Where the
+semantics are ambiguous the code was consulted; each such place says so
+("consulted the code").
+
+The replay model: one layer, H KV heads with one query each, head_dim D.
+Keys are rounded to float16 exactly as the cache stores them (JSON number ->
+float32 -> float16); values are the keys. Attention is float32
+softmax(q . k / sqrt(D)) over the head's cached slots after the step's key is
+appended. Decode step t's token is at position P + t - 1.
+
+Floating-point decisions (which slots survive) must not depend on rounding
+differences between numpy and the C++ kernels, so every selection is checked:
+if a kept and a dropped candidate have distinct scores closer than a relative
+tolerance, or (for lazy and raas) a probability lies within 1e-3 relative of
+alpha, the generator rejects the trace and tries the next seed.
+
+Pins (same as the reference venv): numpy==2.4.6.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+F32 = np.float32
+
+# Defaults and names from policy_catalog (worker/policy/policy_config.cc).
+DEFAULTS = {
+    "full": {},
+    "lazy": {"budget": 512, "window": 128, "alpha": 1e-4, "per_query_head": 0},
+    "streaming": {"budget": 512, "sinks": 4},
+    "h2o": {"budget": 512, "recent": 0},
+    "tova": {"budget": 512},
+    "snapkv": {"budget": 512, "window": 32, "kernel": 5, "period": 128},
+    "rkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1},
+    "raas": {"budget": 512, "alpha": 1e-4},
+}
+
+
+class Ambiguous(Exception):
+    """A float decision too close to call across implementations."""
+
+
+def as_cached_key(values):
+    """JSON numbers -> float32 -> float16 (the cache) -> float32."""
+    return np.asarray(values, dtype=np.float64).astype(F32).astype(np.float16).astype(F32)
+
+
+def softmax_f32(logits):
+    logits = logits.astype(F32)
+    e = np.exp(logits - logits.max()).astype(F32)
+    return (e / e.sum(dtype=F32)).astype(F32)
+
+
+def check_margin(values, kept, what, rel=1e-4, abs_tol=1e-7):
+    """Rejects a selection where a kept and a dropped candidate differ by a
+    nonzero amount smaller than the tolerance (exact ties are fine: both sides
+    then break them by position)."""
+    kept = set(kept)
+    dropped = [i for i in range(len(values)) if i not in kept]
+    if not kept or not dropped:
+        return
+    hi = max(float(values[i]) for i in dropped)
+    for a in (float(values[i]) for i in kept):
+        if a - hi > 3 * (rel * max(abs(a), abs(hi)) + abs_tol):
+            continue
+        for b in (float(values[i]) for i in dropped):
+            if a != b and abs(a - b) <= rel * max(abs(a), abs(b)) + abs_tol:
+                raise Ambiguous(f"{what}: near tie {a!r} vs {b!r}")
+
+
+def top_k_older_first(scores, k):
+    """Indices of the k highest scores, ties broken by the lower index, sorted."""
+    k = max(0, min(k, len(scores)))
+    order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
+    return sorted(order[:k])
+
+
+def max_pool1d(x, kernel):
+    """Same-length max pooling, window centred, cut at the ends."""
+    n, r = len(x), kernel // 2
+    return np.array([x[max(0, i - r):min(n, i + r + 1)].max() for i in range(n)], dtype=F32) if n else x
+
+
+def lazy_scores(last, mri, t):
+    """I = 2/(1+exp(1 + (t-last)/(mri+1e-5))) + (mri == 0 ? 0 : 2/(1+exp(mri-1))), in float32."""
+    last = np.asarray(last, dtype=np.int64)
+    mri = np.asarray(mri, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        ratio = (t - last).astype(F32) / (mri.astype(F32) + F32(1e-5))
+        first = F32(2) / (F32(1) + np.exp(F32(1) + ratio))
+        second = np.where(mri == 0, F32(0), F32(2) / (F32(1) + np.exp(mri.astype(F32) - F32(1))))
+    return (first + second.astype(F32)).astype(F32)
+
+
+class Head:
+    def __init__(self):
+        self.pos = []     # positions in slot order
+        self.keys = []    # float32 [D] each
+        self.last = []    # lazy last / raas timestamp
+        self.mri = []
+        self.attn = []    # h2o / tova
+
+    def keep(self, idx):
+        for name in ("pos", "keys", "last", "mri", "attn"):
+            arr = getattr(self, name)
+            if arr:
+                setattr(self, name, [arr[i] for i in idx])
+
+
+class Replay:
+    """Drives one policy over a trace, mirroring what `replay-policy` reports."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        spec = dict(trace["policy"])
+        self.name = spec.pop("name")
+        self.p = dict(DEFAULTS[self.name])
+        self.p.update(spec)
+        self.H, self.D = trace["H"], trace["D"]
+        self.P = len(trace["prompt_keys"][0])
+        self.scale = F32(1.0) / F32(math.sqrt(self.D))
+        self.heads = [Head() for _ in range(self.H)]
+        self.queries = [[] for _ in range(self.H)]  # (pos, q) of remembered queries
+        self.alpha = F32(self.p.get("alpha", 0.0))
+        self.near_alpha = False
+        self.t = 0
+        self.peak = 0
+        self.saw_tie_at_cut = False
+
+    # --- attention ---
+    def probs(self, h, q, max_pos):
+        hd = self.heads[h]
+        keys = np.array(hd.keys, dtype=F32)
+        logits = (keys @ q.astype(F32)).astype(F32) * self.scale
+        mask = np.array(hd.pos) <= max_pos
+        out = np.zeros(len(hd.pos), dtype=F32)
+        out[mask] = softmax_f32(logits[mask])
+        return out
+
+    def check_alpha(self, p):
+        if self.name in ("lazy", "raas"):
+            if np.any(np.abs(p.astype(np.float64) - float(self.alpha)) <= 1e-3 * float(self.alpha)):
+                raise Ambiguous("probability within 1e-3 of alpha")
+
+    def remember(self, h, pos, q):
+        w = self.p.get("window", 0)
+        if self.name not in ("snapkv", "rkv"):
+            return
+        self.queries[h].append((pos, np.asarray(q, dtype=F32)))
+        self.queries[h] = sorted(self.queries[h], key=lambda e: e[0])[-w:]
+
+    # --- selection helpers ---
+    def keep_top(self, scores, n_candidates, n, k, what, ties_by=None):
+        kept = top_k_older_first(scores[:n_candidates], k)
+        check_margin(scores[:n_candidates], kept, what)
+        if 0 < len(kept) < n_candidates:
+            cut = min(float(scores[i]) for i in kept)
+            dropped_max = max(float(scores[i]) for i in range(n_candidates) if i not in set(kept))
+            if cut == dropped_max:
+                self.saw_tie_at_cut = True
+                if ties_by is not None:
+                    # Equal scores must come from identical integer state, or
+                    # the other implementation might not see a tie.
+                    ids = {ties_by[i] for i in range(n_candidates) if float(scores[i]) == cut}
+                    if len(ids) > 1 and cut != 0.0:
+                        raise Ambiguous(f"{what}: equal scores from different state")
+        return kept + list(range(n_candidates, n))
+
+    def recent_probs(self, h):
+        """Probabilities of the remembered queries, each with its own causal mask."""
+        return [self.probs(h, q, pos) for pos, q in self.queries[h]]
+
+    # --- passes ---
+    def prefill(self):
+        tr = self.trace
+        for h in range(self.H):
+            for p in range(self.P):
+                self.append(h, p, tr["prompt_keys"][h][p])
+        self.peak = max(self.peak, self.H * self.P)
+        if "prompt_queries" in tr:
+            for h in range(self.H):
+                for p in range(self.P):
+                    q = np.asarray(tr["prompt_queries"][h][p], dtype=np.float64).astype(F32)
+                    if self.name in ("snapkv", "rkv") and p >= self.P - self.p["window"]:
+                        self.remember(h, p, q)
+                    if self.name == "h2o" or (self.name == "tova" and p == self.P - 1):
+                        pr = self.probs(h, q, p)
+                        hd = self.heads[h]
+                        hd.attn = [F32(a + b) for a, b in zip(hd.attn, pr)]
+        self.select(prompt_completed=self.P > 0)
+
+    def append(self, h, pos, key):
+        hd = self.heads[h]
+        hd.pos.append(pos)
+        hd.keys.append(as_cached_key(key))
+        step = 0 if pos < self.P else pos - self.P + 1
+        if self.name == "lazy":
+            hd.last.append(0 if step == 0 else step - 1)
+            hd.mri.append(0)
+        elif self.name == "raas":
+            # Timestamp = the step the slot arrives (prompt slots: 0, consulted the code).
+            hd.last.append(step)
+        elif self.name in ("h2o", "tova"):
+            hd.attn.append(F32(0))
+
+    def decode(self, i, step):
+        self.t = i + 1
+        pos = self.P + i
+        for h in range(self.H):
+            self.append(h, pos, step["new_key"][h])
+        self.peak = max(self.peak, sum(len(hd.pos) for hd in self.heads))
+        hits = []
+        for h in range(self.H):
+            q = np.asarray(step["query"][h], dtype=np.float64).astype(F32)
+            self.remember(h, pos, q)
+            pr = self.probs(h, q, pos)
+            self.check_alpha(pr)
+            hits.append(pr >= self.alpha)
+            hd = self.heads[h]
+            if self.name in ("h2o", "tova"):
+                hd.attn = [F32(a + b) for a, b in zip(hd.attn, pr)]
+        self.select(prompt_completed=False, hits=hits)
+
+    def select(self, prompt_completed, hits=None):
+        t, p = self.t, self.p
+        name = self.name
+        if name == "full":
+            return
+        if name == "lazy":
+            if t == 0:
+                return  # lazy evicts at decode steps only
+            C, W = p["budget"], p["window"]
+            for h, hd in enumerate(self.heads):
+                for s in np.nonzero(hits[h])[0]:
+                    hd.mri[s] = max(hd.mri[s], t - hd.last[s])
+                    hd.last[s] = t
+                n = len(hd.pos)
+                if t % W == 0 and n > C:
+                    scores = lazy_scores(hd.last, hd.mri, t)
+                    ids = list(zip(hd.last, hd.mri))
+                    hd.keep(self.keep_top(scores, n - W, n, C - W, f"lazy t={t}", ties_by=ids))
+            return
+        if name == "streaming":
+            C, S = p["budget"], p["sinks"]
+            for hd in self.heads:
+                n = len(hd.pos)
+                if n > C:
+                    hd.keep(list(range(S)) + list(range(n - (C - S), n)))
+            return
+        if name == "h2o":
+            C = p["budget"]
+            R = p["recent"] if p["recent"] > 0 else C // 2  # 0: half the budget (integer, consulted the code)
+            for hd in self.heads:
+                n = len(hd.pos)
+                if n > C:
+                    hd.keep(self.keep_top(np.array(hd.attn, dtype=F32), n - R, n, C - R, f"h2o t={t}"))
+            return
+        if name == "tova":
+            C = p["budget"]
+            n = len(self.heads[0].pos)
+            if n > C and (t > 0 or prompt_completed):
+                total = np.zeros(n, dtype=F32)
+                for hd in self.heads:
+                    total = (total + np.array(hd.attn, dtype=F32)).astype(F32)
+                kept = self.keep_top(total, n, n, C, f"tova t={t}")
+                for hd in self.heads:
+                    hd.keep(kept)
+            # Only the current query counts: the sums restart every pass, so
+            # the reported state is zeros (consulted the code).
+            for hd in self.heads:
+                hd.attn = [F32(0)] * len(hd.pos)
+            return
+        if name in ("snapkv", "rkv"):
+            C, W, K, period = p["budget"], p["window"], p["kernel"], p["period"]
+            due = prompt_completed or (t >= 1 and period > 0 and t % period == 0)
+            if not due:
+                return
+            for h, hd in enumerate(self.heads):
+                n = len(hd.pos)
+                if n <= C:
+                    continue
+                nc = n - W
+                rows = self.recent_probs(h)
+                if name == "snapkv":
+                    # Average over the window's queries (one query per head here).
+                    acc = np.zeros(nc, dtype=F32)
+                    for r in rows:
+                        acc = (acc + r[:nc]).astype(F32)
+                    scores = (acc / F32(max(len(rows), 1))).astype(F32)
+                    # Pooling runs over the candidates only (consulted the code).
+                    scores = max_pool1d(scores, K)
+                else:
+                    acc = np.zeros(nc, dtype=F32)
+                    for r in rows:
+                        acc = (acc + r[:nc]).astype(F32)
+                    importance = max_pool1d((acc / F32(max(len(rows), 1))).astype(F32), K)
+                    keys = np.array(hd.keys[:nc], dtype=F32)
+                    khat = (keys / (np.linalg.norm(keys, axis=1, keepdims=True) + F32(1e-8))).astype(F32)
+                    total = khat.sum(axis=0, dtype=F32)
+                    if nc > 1:
+                        mean_sim = ((khat @ total - 1.0) / F32(nc - 1)).astype(F32)
+                    else:
+                        mean_sim = np.zeros(nc, dtype=F32)
+                    redundancy = np.exp(mean_sim.astype(np.float64) - mean_sim.max())
+                    redundancy = (redundancy / redundancy.sum()).astype(F32)
+                    lam = F32(p["lambda"])
+                    scores = (lam * importance - (F32(1) - lam) * redundancy).astype(F32)
+                full = np.concatenate([scores, np.zeros(W, dtype=F32)])
+                hd.keep(self.keep_top(full, nc, n, C - W, f"{name} t={t}"))
+            return
+        if name == "raas":
+            if t < 1:
+                return
+            C = p["budget"]
+            for h, hd in enumerate(self.heads):
+                for s in np.nonzero(hits[h])[0]:
+                    hd.last[s] = t
+                n = len(hd.pos)
+                if n <= C:
+                    continue
+                n_prompt = sum(1 for q in hd.pos if q < self.P)
+                n_decode = n - n_prompt
+                k = max(C - n_prompt, 1)
+                if n_decode <= k:
+                    continue
+                stamps = np.array(hd.last[n_prompt:], dtype=F32)
+                # Newest timestamps first, ties to the older position, and the
+                # newest token always stays (the header's promise): it is kept
+                # first and the other k - 1 slots are chosen among the rest.
+                kept = top_k_older_first(stamps[:-1], k - 1) + [n_decode - 1]
+                if kept != top_k_older_first(stamps, k):
+                    # A plain top-k by timestamp with older-first ties would
+                    # drop the newest token here (other slots hit this step).
+                    self.raas_newest_differs = True
+                hd.keep(list(range(n_prompt)) + [n_prompt + i for i in kept])
+            return
+        raise ValueError(name)
+
+    def state(self, h):
+        hd = self.heads[h]
+        if self.name == "lazy":
+            return {"last": list(map(int, hd.last)), "mri": list(map(int, hd.mri))}
+        if self.name == "raas":
+            return {"timestamp": list(map(int, hd.last))}
+        if self.name in ("h2o", "tova"):
+            return {"attn": [float(a) for a in hd.attn]}
+        return {}
+
+    def run(self):
+        self.raas_newest_differs = False
+        self.prefill()
+        out = []
+        for i, step in enumerate(self.trace["steps"]):
+            self.decode(i, step)
+            out.append({"t": self.t, "kept": [list(map(int, hd.pos)) for hd in self.heads],
+                        "state": [self.state(h) for h in range(self.H)]})
+        return {"peak_slots": self.peak, "steps": out}
+
+
+# ---------------------------------------------------------------- generators
+
+def rounded(x, digits=4):
+    return [round(float(v), digits) for v in np.ravel(x)]
+
+
+def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpness=(2.0, 6.0)):
+    """Keys: a few recurring 'topics' plus noise; each query aims at one or two
+    earlier keys with a random sharpness, so some slots pass alpha, many not."""
+    n = P + n_steps
+    topics = rng.normal(size=(4, D))
+    keys = np.empty((H, n, D))
+    for h in range(H):
+        for i in range(n):
+            keys[h, i] = 0.8 * topics[rng.integers(4)] + 0.6 * rng.normal(size=D)
+    keys = np.round(keys, 4)
+
+    def query_for(h, pos):
+        targets = rng.integers(0, pos + 1, size=rng.integers(1, 3))
+        direction = keys[h, targets].sum(axis=0)
+        direction = direction / (np.linalg.norm(direction) + 1e-9)
+        return direction * rng.uniform(*sharpness) * math.sqrt(D) / 2 + 0.3 * rng.normal(size=D)
+
+    trace = {"policy": policy, "H": H, "D": D,
+             "prompt_keys": [[rounded(keys[h, p]) for p in range(P)] for h in range(H)]}
+    if prompt_queries:
+        trace["prompt_queries"] = [[rounded(query_for(h, p)) for p in range(P)] for h in range(H)]
+    trace["steps"] = [{"query": [rounded(query_for(h, P + i)) for h in range(H)],
+                       "new_key": [rounded(keys[h, P + i]) for h in range(H)]} for i in range(n_steps)]
+    return trace
+
+
+def generate(seed, policy, P, n_steps, accept=None, want_newest_case=False, **kw):
+    """Tries seeds from `seed` until the trace replays without ambiguity."""
+    for s in range(seed, seed + 500):
+        rng = np.random.default_rng(s)
+        trace = random_trace(rng, policy, P, n_steps, **kw)
+        r = Replay(trace)
+        try:
+            expected = r.run()
+        except Ambiguous:
+            continue
+        if r.name == "raas" and r.raas_newest_differs != want_newest_case:
+            continue
+        if accept is not None and not accept(r, expected):
+            continue
+        return trace, expected
+    raise RuntimeError(f"no unambiguous trace for {policy} from seed {seed}")
+
+
+def evictions(expected):
+    """How many steps dropped a slot (in head 0)."""
+    count, prev = 0, None
+    for st in expected["steps"]:
+        kept = st["kept"][0]
+        if prev is not None and any(p not in kept for p in prev):
+            count += 1
+        prev = kept
+    return count
+
+
+def hand_trace():
+    """H=1, D=2, W=2, C=4, alpha=0.3. Keys are unit vectors A=(1,0), B=(0,1),
+    C=(-1,0), E=(0,-1); a query of length 40 aimed at a label gives its slots
+    (one or two in the cache) probability ~1 or ~1/2 and every other slot
+    < 1e-12, so the hits are exactly the slots of the aimed label.
+
+    Prompt: pos0 A, pos1 B.  (last, mri) per slot after each step:
+    t=1 key C(pos2), aim A: hit pos0: mri=max(0,1-0)=1,last=1. pos2 starts (0,0).
+    t=2 key E(pos3), aim C: hit pos2: mri=2,last=2. pos3 starts (1,0). n=4 = C: no eviction.
+    t=3 key A(pos4), aim B: hit pos1: mri=3,last=3. pos4 starts (2,0).
+    t=4 key B(pos5), aim A: hits pos0: mri=max(1,4-1)=3,last=4; pos4: mri=max(0,4-2)=2,last=4.
+        pos5 starts (3,0). n=6 > 4 and 4 mod 2 = 0: score pos0..pos3, keep top 2 + pos4,pos5:
+        pos0 (4,3): 2/(1+e^1) + 2/(1+e^2)                  = 0.5379 + 0.2384 = 0.7763
+        pos1 (3,3): 2/(1+e^(1+1/3)) + 2/(1+e^2)            = 0.4172 + 0.2384 = 0.6556
+        pos2 (2,2): 2/(1+e^(1+2/2)) + 2/(1+e^1)            = 0.2384 + 0.5379 = 0.7763
+        pos3 (1,0): mri = 0: (3/1e-5) sends the first term to 0, the second is 0 -> 0
+        kept [0, 2, 4, 5].
+    t=5 key C(pos6), aim C: hits pos2: mri=max(2,5-2)=3,last=5; pos6: mri=max(0,5-4)=1,last=5.
+    t=6 key E(pos7), aim B: hit pos5: mri=max(0,6-3)=3,last=6. pos7 starts (5,0). n=6: evict:
+        pos0 (4,3): 2/(1+e^(1+2/3)) + 0.2384 = 0.3177 + 0.2384 = 0.5561
+        pos2 (5,3): 0.4172 + 0.2384 = 0.6556
+        pos4 (4,2): 2/(1+e^2) + 2/(1+e^1) = 0.7763
+        pos5 (6,3): 2/(1+e^1) + 2/(1+e^2) = 0.7763
+        kept [4, 5, 6, 7].
+    t=7 key A(pos8), aim E: hit pos7: mri=max(0,7-5)=2,last=7. pos8 starts (6,0).
+    t=8 key B(pos9), aim A: hits pos4: mri=max(2,8-4)=4,last=8; pos8: mri=max(0,8-6)=2,last=8.
+        pos9 starts (7,0). n=6: evict:
+        pos4 (8,4): 2/(1+e^1) + 2/(1+e^3)     = 0.5379 + 0.0949 = 0.6327
+        pos5 (6,3): 2/(1+e^(1+2/3)) + 0.2384 = 0.5561
+        pos6 (5,1): 2/(1+e^(1+3/1)) + 2/(1+e^0) = 0.0360 + 1 = 1.0360
+        pos7 (7,2): 2/(1+e^(1+1/2)) + 2/(1+e^1) = 0.3649 + 0.5379 = 0.9027
+        kept [6, 7, 8, 9]: pos6, hit once after one step, outranks pos4, hit twice.
+    """
+    unit = {"A": [1, 0], "B": [0, 1], "C": [-1, 0], "E": [0, -1]}
+    aim = lambda label: [40 * v for v in unit[label]]  # noqa: E731
+    plan = [("C", "A"), ("E", "C"), ("A", "B"), ("B", "A"), ("C", "C"), ("E", "B"), ("A", "E"), ("B", "A")]
+    trace = {"policy": {"name": "lazy", "budget": 4, "window": 2, "alpha": 0.3}, "H": 1, "D": 2,
+             "prompt_keys": [[unit["A"], unit["B"]]],
+             "steps": [{"query": [aim(q)], "new_key": [unit[k]]} for k, q in plan]}
+    hand = {
+        1: ([0, 1, 2], [1, 0, 0], [1, 0, 0]),
+        2: ([0, 1, 2, 3], [1, 0, 2, 1], [1, 0, 2, 0]),
+        3: ([0, 1, 2, 3, 4], [1, 3, 2, 1, 2], [1, 3, 2, 0, 0]),
+        4: ([0, 2, 4, 5], [4, 2, 4, 3], [3, 2, 2, 0]),
+        5: ([0, 2, 4, 5, 6], [4, 5, 4, 3, 5], [3, 3, 2, 0, 1]),
+        6: ([4, 5, 6, 7], [4, 6, 5, 5], [2, 3, 1, 0]),
+        7: ([4, 5, 6, 7, 8], [4, 6, 5, 7, 6], [2, 3, 1, 2, 0]),
+        8: ([6, 7, 8, 9], [5, 7, 8, 7], [1, 2, 2, 0]),
+    }
+    expected = Replay(trace).run()
+    for st in expected["steps"]:
+        kept, last, mri = hand[st["t"]]
+        got = (st["kept"][0], st["state"][0]["last"], st["state"][0]["mri"])
+        assert got == (kept, last, mri), f"hand-worked lazy trace differs at t={st['t']}: {got}"
+    assert expected["peak_slots"] == 6  # C + W
+    return trace, expected
+
+
+def cases():
+    """(file stem, trace, expected) for every golden trace."""
+    out = []
+
+    def add(stem, pair, min_evictions=0):
+        trace, expected = pair
+        if min_evictions:
+            assert evictions(expected) >= min_evictions, f"{stem}: only {evictions(expected)} evictions"
+        out.append((stem, trace, expected))
+
+    add("full_random1", generate(100, {"name": "full"}, 8, 40))
+    add("full_random2", generate(110, {"name": "full"}, 11, 50, prompt_queries=True))
+
+    lazy = {"name": "lazy", "budget": 12, "window": 4, "alpha": 0.05}
+    add("lazy_random1", generate(200, lazy, 8, 70), 10)
+    add("lazy_random2", generate(210, dict(lazy, budget=14, window=3, alpha=0.04), 12, 80), 10)
+    # Ties at the cut (many never-hit slots score exactly 0), broken by older position.
+    add("lazy_ties", generate(220, dict(lazy, budget=10, window=2, alpha=0.3), 6, 60,
+                              accept=lambda r, e: r.saw_tie_at_cut), 10)
+    add("lazy_hand", hand_trace())
+    add("lazy_per_query_head", generate(230, dict(lazy, per_query_head=1), 9, 60), 10)
+
+    add("streaming_random1", generate(300, {"name": "streaming", "budget": 10, "sinks": 2}, 8, 50), 10)
+    add("streaming_random2", generate(310, {"name": "streaming", "budget": 12, "sinks": 4}, 14, 45), 10)
+
+    add("h2o_random1", generate(400, {"name": "h2o", "budget": 12, "recent": 3}, 8, 60), 10)
+    add("h2o_prefill", generate(410, {"name": "h2o", "budget": 10, "recent": 0}, 12, 50, prompt_queries=True), 10)
+
+    add("tova_random1", generate(500, {"name": "tova", "budget": 12}, 8, 60), 10)
+    add("tova_prefill", generate(510, {"name": "tova", "budget": 10}, 12, 50, prompt_queries=True), 10)
+
+    snap = {"name": "snapkv", "budget": 10, "window": 4, "kernel": 3, "period": 6}
+    add("snapkv_random1", generate(600, snap, 16, 60, prompt_queries=True), 5)
+    add("snapkv_random2", generate(610, dict(snap, budget=12, window=3, kernel=5, period=8), 18, 70,
+                                   prompt_queries=True), 5)
+
+    rkv = {"name": "rkv", "budget": 10, "window": 4, "kernel": 3, "period": 6, "lambda": 0.1}
+    add("rkv_random1", generate(700, rkv, 16, 60, prompt_queries=True), 5)
+    add("rkv_random2", generate(710, dict(rkv, budget=12, window=3, kernel=5, period=5, **{"lambda": 0.6}), 14, 70,
+                                prompt_queries=True), 5)
+
+    raas = {"name": "raas", "budget": 12, "alpha": 0.05}
+    add("raas_random1", generate(800, raas, 8, 60), 10)
+    add("raas_long_prompt", generate(810, dict(raas, budget=10, alpha=0.6), 11, 45), 10)
+    # Steps where older decode slots are hit along with the newest token: the
+    # newest token must still stay (a plain older-first top-k would drop it).
+    add("raas_newest_kept", generate(820, dict(raas, budget=10), 8, 45, want_newest_case=True), 10)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "policy"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    for stem, trace, expected in cases():
+        path = os.path.join(args.out, stem + ".json")
+        with open(path, "w") as f:
+            json.dump({"trace": trace, "expected": expected}, f, separators=(",", ":"))
+            f.write("\n")
+        print(f"{path}: {len(trace['steps'])} steps, {evictions(expected)} evicting steps, "
+              f"peak {expected['peak_slots']}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

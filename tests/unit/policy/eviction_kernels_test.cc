@@ -1,0 +1,151 @@
+// The CPU eviction kernels on hand-computed inputs.
+#include "kernels/cpu/eviction.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace lazykv::cpu {
+namespace {
+
+TEST(LazyUpdate, HitsSetMriThenLast) {
+  const std::vector<uint8_t> hits = {1, 0, 1, 1};
+  std::vector<int32_t> last = {0, 2, 5, 9};
+  std::vector<int32_t> mri = {0, 1, 7, 0};
+  lazy_update(hits.data(), last.data(), mri.data(), 4, 10);
+  EXPECT_EQ(last, (std::vector<int32_t>{10, 2, 10, 10}));
+  // mri = max(mri, t - last) with last before the update: 10, (untouched), max(7, 5), max(0, 1).
+  EXPECT_EQ(mri, (std::vector<int32_t>{10, 1, 7, 1}));
+}
+
+TEST(LazyUpdate, NoHitsChangesNothing) {
+  const std::vector<uint8_t> hits = {0, 0};
+  std::vector<int32_t> last = {3, 4}, mri = {2, 0};
+  lazy_update(hits.data(), last.data(), mri.data(), 2, 7);
+  EXPECT_EQ(last, (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(mri, (std::vector<int32_t>{2, 0}));
+}
+
+float expected_score(int32_t last, int32_t mri, int32_t t) {
+  const double first = 2.0 / (1.0 + std::exp(1.0 + double(t - last) / (double(mri) + 1e-5)));
+  const double second = mri == 0 ? 0.0 : 2.0 / (1.0 + std::exp(double(mri) - 1.0));
+  return float(first + second);
+}
+
+TEST(LazyScores, MatchesTheFormula) {
+  // (last, mri) at t = 8, values worked by hand:
+  //  (8, 4): 2/(1+e^1) + 2/(1+e^3)       = 0.537883 + 0.094851 = 0.632734
+  //  (5, 1): 2/(1+e^4) + 2/(1+e^0)       = 0.035972 + 1        = 1.035972
+  //  (7, 2): 2/(1+e^1.5) + 2/(1+e^1)     = 0.364851 + 0.537883 = 0.902734
+  //  (6, 3): 2/(1+e^(5/3)) + 2/(1+e^2)   = 0.317738 + 0.238406 = 0.556144
+  const std::vector<int32_t> last = {8, 5, 7, 6};
+  const std::vector<int32_t> mri = {4, 1, 2, 3};
+  std::vector<float> out(4);
+  lazy_scores(last.data(), mri.data(), 4, 8, out.data());
+  const std::vector<float> hand = {0.632734f, 1.035972f, 0.902734f, 0.556144f};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(out[i], hand[i], 2e-6f) << i;
+    EXPECT_NEAR(out[i], expected_score(last[i], mri[i], 8), 1e-6f) << i;
+  }
+}
+
+TEST(LazyScores, NeverHitSlotsScoreZero) {
+  // mri == 0: the recurrence term is 0 by the formula's case, and the recency
+  // term's exponent (t - last)/1e-5 is huge, so it vanishes too.
+  const std::vector<int32_t> last = {0, 6, 9};
+  const std::vector<int32_t> mri = {0, 0, 0};
+  std::vector<float> out(3, -1.0f);
+  lazy_scores(last.data(), mri.data(), 3, 10, out.data());
+  for (float v : out) {
+    EXPECT_TRUE(std::isfinite(v));
+    EXPECT_EQ(v, 0.0f);
+  }
+}
+
+TEST(LazyScores, HitThisStepWithMriZeroIsOnlyRecency) {
+  // t == last and mri == 0 cannot arise from lazy_update (a hit sets mri >= 1),
+  // but the formula still defines it: 2/(1+e^1) + 0.
+  const int32_t last = 4, mri = 0;
+  float out = 0;
+  lazy_scores(&last, &mri, 1, 4, &out);
+  EXPECT_NEAR(out, 2.0f / (1.0f + std::exp(1.0f)), 1e-6f);
+}
+
+TEST(LazyScores, RecentRecurrenceOutranksOld) {
+  const std::vector<int32_t> last = {10, 2};
+  const std::vector<int32_t> mri = {3, 3};
+  std::vector<float> out(2);
+  lazy_scores(last.data(), mri.data(), 2, 10, out.data());
+  EXPECT_GT(out[0], out[1]);
+}
+
+std::vector<int32_t> top_k(const std::vector<float>& scores, int32_t k) {
+  std::vector<int32_t> keep(static_cast<size_t>(k));
+  std::vector<int32_t> scratch(scores.size());
+  top_k_slots(scores.data(), int32_t(scores.size()), k, keep.data(), scratch.data());
+  return keep;
+}
+
+TEST(TopKSlots, HighestInIndexOrder) {
+  EXPECT_EQ(top_k({0.1f, 0.9f, 0.3f, 0.7f, 0.5f}, 3), (std::vector<int32_t>{1, 3, 4}));
+}
+
+TEST(TopKSlots, TiesGoToTheLowerIndex) {
+  EXPECT_EQ(top_k({0.5f, 0.2f, 0.5f, 0.5f, 0.1f}, 2), (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(top_k({0.0f, 0.0f, 0.0f, 0.0f}, 3), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(top_k({0.3f, 1.0f, 0.3f, 0.3f}, 2), (std::vector<int32_t>{0, 1}));
+}
+
+TEST(TopKSlots, KZeroAndKEqualsN) {
+  EXPECT_TRUE(top_k({0.4f, 0.2f}, 0).empty());
+  EXPECT_EQ(top_k({0.4f, 0.2f, 0.9f}, 3), (std::vector<int32_t>{0, 1, 2}));
+}
+
+TEST(TopKSlots, NegativeScores) {
+  EXPECT_EQ(top_k({-0.5f, -0.1f, -0.9f}, 1), (std::vector<int32_t>{1}));
+}
+
+std::vector<float> pool(const std::vector<float>& x, int kernel) {
+  std::vector<float> y(x.size(), -1.0f);
+  max_pool1d(x.data(), int32_t(x.size()), kernel, y.data());
+  return y;
+}
+
+TEST(MaxPool1d, WindowCutAtTheEnds) {
+  const std::vector<float> x = {5, 1, 2, 0, 3, 0, 0};
+  EXPECT_EQ(pool(x, 3), (std::vector<float>{5, 5, 2, 3, 3, 3, 0}));
+  EXPECT_EQ(pool(x, 5), (std::vector<float>{5, 5, 5, 3, 3, 3, 3}));
+  EXPECT_EQ(pool(x, 1), x);
+}
+
+TEST(MaxPool1d, KernelWiderThanInput) {
+  EXPECT_EQ(pool({1, 4, 2}, 63), (std::vector<float>{4, 4, 4}));
+  EXPECT_EQ(pool({7}, 5), (std::vector<float>{7}));
+}
+
+TEST(MaxPool1d, NegativeValuesNotPaddedWithZero) {
+  // Padding never counts: an all-negative input stays negative at the edges.
+  EXPECT_EQ(pool({-3, -1, -2}, 3), (std::vector<float>{-1, -1, -1}));
+  EXPECT_EQ(pool({-3, -5, -4, -6}, 3), (std::vector<float>{-3, -3, -4, -4}));
+}
+
+TEST(CompactSlots, MovesKeptEntriesToTheFront) {
+  std::vector<int32_t> a = {10, 11, 12, 13, 14, 15};
+  const std::vector<int32_t> keep = {1, 2, 4};
+  compact_slots(a.data(), std::span<const int32_t>(keep));
+  EXPECT_EQ(std::vector<int32_t>(a.begin(), a.begin() + 3), (std::vector<int32_t>{11, 12, 14}));
+}
+
+TEST(CompactSlots, IdentityAndEmpty) {
+  std::vector<float> a = {1.5f, 2.5f, 3.5f};
+  const std::vector<int32_t> all = {0, 1, 2};
+  compact_slots(a.data(), std::span<const int32_t>(all));
+  EXPECT_EQ(a, (std::vector<float>{1.5f, 2.5f, 3.5f}));
+  compact_slots(a.data(), std::span<const int32_t>());
+  EXPECT_EQ(a, (std::vector<float>{1.5f, 2.5f, 3.5f}));
+}
+
+}  // namespace
+}  // namespace lazykv::cpu

@@ -1,0 +1,171 @@
+// Policy names, parameters and their validation (worker/policy/policy_config.h).
+#include "worker/policy/policy_config.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/error.h"
+
+namespace lazykv {
+namespace {
+
+// The message of the kInvalidArgument error `f` throws ("" if none).
+std::string invalid_argument(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected Error(kInvalidArgument)";
+  return "";
+}
+
+std::string config_error(const std::string& name, const std::map<std::string, std::string>& params = {}) {
+  return invalid_argument([&] { make_policy_config(name, params); });
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(PolicyCatalog, ListsEveryPolicyInOrder) {
+  std::vector<std::string> names;
+  for (const PolicyInfo& p : policy_catalog()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas"}));
+  for (const PolicyInfo& p : policy_catalog()) {
+    EXPECT_FALSE(p.summary.empty()) << p.name;
+    for (const PolicyParam& param : p.params) {
+      EXPECT_LE(param.min, param.default_value) << p.name << "." << param.name;
+      EXPECT_GE(param.max, param.default_value) << p.name << "." << param.name;
+      EXPECT_FALSE(param.help.empty()) << p.name << "." << param.name;
+    }
+  }
+}
+
+TEST(PolicyConfig, UnknownPolicyListsValidOnes) {
+  const std::string msg = config_error("lru");
+  EXPECT_TRUE(contains(msg, "'lru'")) << msg;
+  for (const char* name : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas"}) {
+    EXPECT_TRUE(contains(msg, name)) << msg;
+  }
+  EXPECT_NE(config_error("LAZY"), "");  // names are case-sensitive
+}
+
+TEST(PolicyConfig, UnknownParameterListsThePolicysParameters) {
+  const std::string msg = config_error("lazy", {{"windw", "4"}});
+  EXPECT_TRUE(contains(msg, "windw")) << msg;
+  for (const char* p : {"budget", "window", "alpha", "per_query_head"}) EXPECT_TRUE(contains(msg, p)) << msg;
+  // A parameter of another policy is unknown too.
+  EXPECT_TRUE(contains(config_error("streaming", {{"alpha", "0.1"}}), "sinks"));
+  EXPECT_TRUE(contains(config_error("full", {{"budget", "8"}}), "none"));
+}
+
+TEST(PolicyConfig, BadValues) {
+  // Out of range.
+  EXPECT_TRUE(contains(config_error("lazy", {{"alpha", "1.5"}}), "alpha"));
+  EXPECT_NE(config_error("lazy", {{"alpha", "-0.1"}}), "");
+  EXPECT_NE(config_error("lazy", {{"budget", "0"}}), "");
+  EXPECT_NE(config_error("lazy", {{"per_query_head", "2"}}), "");
+  EXPECT_NE(config_error("snapkv", {{"kernel", "65"}}), "");
+  EXPECT_NE(config_error("rkv", {{"period", "0"}}), "");
+  EXPECT_NE(config_error("rkv", {{"lambda", "1.01"}}), "");
+  // Not an integer.
+  EXPECT_TRUE(contains(config_error("lazy", {{"budget", "12.5"}}), "integer"));
+  EXPECT_NE(config_error("streaming", {{"sinks", "1e-3"}}), "");
+  // Not a number.
+  EXPECT_NE(config_error("lazy", {{"budget", "many"}}), "");
+  EXPECT_NE(config_error("lazy", {{"budget", ""}}), "");
+  EXPECT_NE(config_error("lazy", {{"budget", "64x"}}), "");
+  EXPECT_NE(config_error("lazy", {{"alpha", "nan"}}), "");
+  EXPECT_NE(config_error("lazy", {{"alpha", "inf"}}), "");
+}
+
+TEST(PolicyConfig, WindowsMustBeSmallerThanBudget) {
+  for (const char* policy : {"lazy", "snapkv", "rkv"}) {
+    const std::string msg = config_error(policy, {{"budget", "16"}, {"window", "16"}});
+    EXPECT_TRUE(contains(msg, "window")) << policy << ": " << msg;
+    EXPECT_NE(config_error(policy, {{"budget", "16"}, {"window", "20"}}), "") << policy;
+    EXPECT_NO_THROW(make_policy_config(policy, {{"budget", "16"}, {"window", "15"}})) << policy;
+  }
+  // The default window against a small budget fails too.
+  EXPECT_NE(config_error("lazy", {{"budget", "64"}}), "");
+  EXPECT_TRUE(contains(config_error("streaming", {{"budget", "4"}, {"sinks", "4"}}), "sinks"));
+  EXPECT_NO_THROW(make_policy_config("streaming", {{"budget", "5"}, {"sinks", "4"}}));
+  EXPECT_TRUE(contains(config_error("h2o", {{"budget", "8"}, {"recent", "8"}}), "recent"));
+  EXPECT_NO_THROW(make_policy_config("h2o", {{"budget", "8"}, {"recent", "7"}}));
+}
+
+TEST(PolicyConfig, KernelMustBeOdd) {
+  EXPECT_TRUE(contains(config_error("snapkv", {{"kernel", "4"}}), "odd"));
+  EXPECT_TRUE(contains(config_error("rkv", {{"kernel", "6"}}), "odd"));
+  EXPECT_NO_THROW(make_policy_config("snapkv", {{"kernel", "1"}}));
+}
+
+TEST(PolicyConfig, DefaultsFilledIn) {
+  const PolicyConfig lazy = make_policy_config(std::string("lazy"));
+  EXPECT_EQ(lazy.name, "lazy");
+  EXPECT_EQ(lazy.params.size(), 4u);
+  EXPECT_EQ(lazy.get("budget"), 512);
+  EXPECT_EQ(lazy.get("window"), 128);
+  EXPECT_DOUBLE_EQ(lazy.get("alpha"), 1e-4);
+  EXPECT_EQ(lazy.get("per_query_head"), 0);
+  EXPECT_EQ(lazy.budget(), 512);
+
+  const PolicyConfig rkv = make_policy_config("rkv", {{"budget", "256"}});
+  EXPECT_EQ(rkv.get_int("budget"), 256);
+  EXPECT_EQ(rkv.get_int("period"), 128);
+  EXPECT_EQ(rkv.get_int("window"), 8);
+  EXPECT_EQ(rkv.get_int("kernel"), 7);
+  EXPECT_DOUBLE_EQ(rkv.get("lambda"), 0.1);
+
+  const PolicyConfig full = make_policy_config(std::string("full"));
+  EXPECT_TRUE(full.params.empty());
+  EXPECT_EQ(full.budget(), 0);
+  // Asking a policy for a parameter it lacks is a programming error.
+  try {
+    full.get("budget");
+    ADD_FAILURE() << "expected kInternal";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+  }
+  // Every catalog default is itself a valid configuration.
+  for (const PolicyInfo& p : policy_catalog()) EXPECT_NO_THROW(make_policy_config(p.name)) << p.name;
+}
+
+TEST(PolicyConfig, FromJsonEqualsFromStrings) {
+  const PolicyConfig a = make_policy_config(nlohmann::json{{"name", "lazy"}, {"budget", 64}, {"window", 8}, {"alpha", 0.002}});
+  const PolicyConfig b = make_policy_config("lazy", {{"budget", "64"}, {"window", "8"}, {"alpha", "0.002"}});
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(a.to_string(), b.to_string());
+  // Booleans are 0/1.
+  EXPECT_EQ(make_policy_config(nlohmann::json{{"name", "lazy"}, {"budget", 64}, {"window", 8}, {"per_query_head", true}})
+                .get("per_query_head"),
+            1);
+  // Round trip through to_json.
+  EXPECT_EQ(make_policy_config(a.to_json()).params, a.params);
+}
+
+TEST(PolicyConfig, BadJson) {
+  EXPECT_NE(invalid_argument([] { make_policy_config(nlohmann::json::array()); }), "");
+  EXPECT_NE(invalid_argument([] { make_policy_config(nlohmann::json{{"budget", 8}}); }), "");
+  EXPECT_NE(invalid_argument([] { make_policy_config(nlohmann::json{{"name", 3}}); }), "");
+  EXPECT_TRUE(contains(invalid_argument([] { make_policy_config(nlohmann::json{{"name", "lazy"}, {"budget", "64"}}); }),
+                       "budget"));
+  EXPECT_NE(invalid_argument([] { make_policy_config(nlohmann::json{{"name", "lazy"}, {"budget", 64.5}}); }), "");
+  EXPECT_NE(invalid_argument([] { make_policy_config(nlohmann::json{{"name", "nope"}}); }), "");
+}
+
+TEST(PolicyConfig, ToString) {
+  EXPECT_EQ(make_policy_config(std::string("full")).to_string(), "full");
+  EXPECT_EQ(make_policy_config(std::string("lazy")).to_string(), "lazy(alpha=0.0001,budget=512,per_query_head=0,window=128)");
+  EXPECT_EQ(make_policy_config("streaming", {{"budget", "64"}, {"sinks", "2"}}).to_string(),
+            "streaming(budget=64,sinks=2)");
+  const nlohmann::json j = make_policy_config("tova", {{"budget", "32"}}).to_json();
+  EXPECT_EQ(j, (nlohmann::json{{"name", "tova"}, {"budget", 32.0}}));
+}
+
+}  // namespace
+}  // namespace lazykv

@@ -1,0 +1,304 @@
+// Eviction policies driven by the real CPU forward pass on a tiny random GQA
+// model (4 query heads, 2 KV heads): exactness without eviction, budgets and
+// peaks with it, and the errors the pass must raise.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/thread_pool.h"
+#include "worker/format/tiny_model.h"
+#include "worker/forward.h"
+#include "worker/kv_cache.h"
+#include "worker/model.h"
+#include "worker/policy/policy.h"
+#include "worker/policy/policy_config.h"
+
+namespace lazykv {
+namespace {
+
+namespace fs = std::filesystem;
+
+const Model& tiny_model() {
+  static const std::unique_ptr<Model> model = [] {
+    TinyModelSpec spec;
+    spec.n_layer = 2;
+    spec.n_embd = 64;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.n_ff = 96;
+    spec.seed = 7;
+    const fs::path dir = fs::temp_directory_path() / ("lazykv_policy_forward_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const std::string path = (dir / "tiny.gguf").string();
+    write_tiny_gguf(path, spec);
+    return Model::load(path);
+  }();
+  return *model;
+}
+
+const std::vector<int32_t> kPrompt = {1, 40, 75, 120, 3, 200};
+
+int32_t argmax(std::span<const float> logits) {
+  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+PolicyShape shape_for(const Model& m, int32_t prompt_len) {
+  const ModelConfig& c = m.config();
+  return PolicyShape{c.n_layer, c.n_head_kv, c.n_group(), c.head_dim, prompt_len, 0.0f};
+}
+
+// One sequence on its own cache and forward pass, optionally with a policy.
+struct Session {
+  const Model& model;
+  ThreadPool pool{2};
+  KvCache cache;
+  ForwardPass forward;
+  std::unique_ptr<EvictionPolicy> policy;
+  int32_t pos = 0;
+  std::vector<float> logits;
+
+  Session(const Model& m, const PolicyConfig* config, const std::vector<int32_t>& prompt)
+      : model(m),
+        cache({m.config().n_layer, m.config().n_head_kv, m.config().head_dim, 4, 0}),
+        forward(m, cache, pool) {
+    if (config != nullptr) policy = make_policy(*config, shape_for(m, int32_t(prompt.size())));
+    cache.add_sequence(0, policy ? policy->heads_per_layer() : 0);
+    feed(prompt);
+  }
+
+  void feed(const std::vector<int32_t>& tokens) {
+    BatchItem item{0, tokens, pos, false, policy.get()};
+    const std::span<const float> out = forward.run({&item, 1});
+    logits.assign(out.begin(), out.end());
+    pos += int32_t(tokens.size());
+  }
+  int32_t next() const { return argmax(logits); }
+  int heads() const { return cache.heads_per_layer(0); }
+};
+
+PolicyConfig config(const std::string& name, const std::map<std::string, std::string>& params) {
+  return make_policy_config(name, params);
+}
+
+TEST(PolicyForward, NoEvictionWithinBudgetIsBitIdentical) {
+  const Model& m = tiny_model();
+  constexpr int kSteps = 60;  // prompt 6 + 60 tokens < budget 128
+  const std::vector<PolicyConfig> configs = {
+      config("full", {}),
+      config("lazy", {{"budget", "128"}, {"window", "8"}, {"alpha", "0.01"}}),
+      config("lazy", {{"budget", "128"}, {"window", "8"}, {"per_query_head", "1"}}),
+      config("streaming", {{"budget", "128"}}),
+      config("h2o", {{"budget", "128"}}),
+      config("tova", {{"budget", "128"}}),
+      config("snapkv", {{"budget", "128"}, {"window", "8"}, {"period", "4"}}),
+      config("rkv", {{"budget", "128"}, {"period", "4"}}),
+      config("raas", {{"budget", "128"}, {"alpha", "0.01"}}),
+  };
+  Session plain(m, nullptr, kPrompt);
+  std::vector<std::vector<float>> expected = {plain.logits};
+  for (int i = 0; i < kSteps; ++i) {
+    plain.feed({plain.next()});
+    expected.push_back(plain.logits);
+  }
+  for (const PolicyConfig& c : configs) {
+    Session s(m, &c, kPrompt);
+    for (int i = 0; i <= kSteps; ++i) {
+      ASSERT_EQ(s.logits.size(), expected[size_t(i)].size());
+      ASSERT_EQ(std::memcmp(s.logits.data(), expected[size_t(i)].data(), s.logits.size() * sizeof(float)), 0)
+          << c.to_string() << ": logits differ at step " << i;
+      if (i < kSteps) s.feed({s.next()});
+    }
+    EXPECT_EQ(s.policy->evicted_slots(), 0) << c.to_string();
+  }
+}
+
+struct EvictingCase {
+  PolicyConfig config;
+  int32_t peak_per_head;                       // documented peak in slots per cache head
+  std::function<bool(int32_t t)> compacts_at;  // decode steps at which the cache is brought to budget
+  // TOVA ranks the newest token with the others (its attention to itself is
+  // its score), as the paper does, so it may evict it; the others protect it.
+  bool keeps_newest = true;
+};
+
+TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
+  const Model& m = tiny_model();
+  const int32_t C = 16;
+  const std::vector<EvictingCase> cases = {
+      {config("lazy", {{"budget", "16"}, {"window", "4"}, {"alpha", "0.02"}}), C + 4, [](int32_t t) { return t % 4 == 0; }},
+      {config("lazy", {{"budget", "16"}, {"window", "4"}, {"per_query_head", "1"}}), C + 4,
+       [](int32_t t) { return t % 4 == 0; }},
+      {config("streaming", {{"budget", "16"}, {"sinks", "4"}}), C + 1, [](int32_t) { return true; }},
+      {config("h2o", {{"budget", "16"}, {"recent", "4"}}), C + 1, [](int32_t) { return true; }},
+      {config("h2o", {{"budget", "16"}}), C + 1, [](int32_t) { return true; }},
+      {config("tova", {{"budget", "16"}}), C + 1, [](int32_t) { return true; }, false},
+      {config("snapkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}}), C + 8,
+       [](int32_t t) { return t % 8 == 0; }},
+      {config("rkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}}), C + 8,
+       [](int32_t t) { return t % 8 == 0; }},
+      {config("raas", {{"budget", "16"}, {"alpha", "0.02"}}), C + 1, [](int32_t) { return true; }},
+  };
+  const ModelConfig& mc = m.config();
+  for (const EvictingCase& ec : cases) {
+    const std::string name = ec.config.to_string();
+    Session s(m, &ec.config, kPrompt);
+    int32_t newest_evicted_at = -1;
+    for (int32_t t = 1; t <= 60; ++t) {
+      const int32_t pos = s.pos;
+      s.feed({s.next()});
+      ASSERT_EQ(s.policy->step(), t) << name;
+      for (int layer = 0; layer < mc.n_layer; ++layer) {
+        for (int h = 0; h < s.heads(); ++h) {
+          const std::span<const int32_t> p = s.cache.positions(0, layer, h);
+          const int32_t n = int32_t(p.size());
+          ASSERT_LE(n, ec.peak_per_head) << name << " t=" << t;
+          if (ec.compacts_at(t)) {
+            ASSERT_LE(n, C) << name << " t=" << t << " layer " << layer << " head " << h;
+          }
+          ASSERT_TRUE(std::is_sorted(p.begin(), p.end())) << name << " t=" << t;
+          ASSERT_TRUE(std::adjacent_find(p.begin(), p.end()) == p.end()) << name << " t=" << t;
+          if (ec.keeps_newest) {
+            // raas: fails while the framework bug in worker/policy/raas.cc stands
+            // (a plain top-k by timestamp with older-first ties drops the newest
+            // token when other decode slots were hit in the same step).
+            if (p.back() != pos && newest_evicted_at < 0) newest_evicted_at = t;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(newest_evicted_at, -1) << name << ": the newest token was evicted at step " << newest_evicted_at;
+    EXPECT_GT(s.policy->evicted_slots(), 0) << name;
+    EXPECT_EQ(s.policy->peak_slots(), int64_t(mc.n_layer) * s.heads() * ec.peak_per_head) << name;
+    int64_t total = 0;
+    for (int layer = 0; layer < mc.n_layer; ++layer) {
+      for (int h = 0; h < s.heads(); ++h) total += s.cache.n_slots(0, layer, h);
+    }
+    EXPECT_EQ(s.policy->slots(), total) << name;
+  }
+}
+
+TEST(PolicyForward, LazyPerQueryHeadCachesEveryQueryHead) {
+  const Model& m = tiny_model();
+  const PolicyConfig c = config("lazy", {{"budget", "16"}, {"window", "4"}, {"per_query_head", "1"}});
+  Session s(m, &c, kPrompt);
+  EXPECT_EQ(s.policy->heads_per_layer(), m.config().n_head);
+  EXPECT_EQ(s.heads(), m.config().n_head);
+  EXPECT_EQ(s.policy->queries_per_head(), 1);
+  for (int i = 0; i < 30; ++i) s.feed({s.next()});
+  for (int layer = 0; layer < m.config().n_layer; ++layer) {
+    for (int h = 0; h < m.config().n_head; ++h) EXPECT_LE(s.cache.n_slots(0, layer, h), 20);
+  }
+  EXPECT_GT(s.policy->evicted_slots(), 0);
+  // The default mode caches KV heads only.
+  const PolicyConfig d = config("lazy", {{"budget", "16"}, {"window", "4"}});
+  EXPECT_EQ(make_policy(d, shape_for(m, 6))->heads_per_layer(), m.config().n_head_kv);
+}
+
+TEST(PolicyForward, TwoDecodeTokensInOnePassAreRejected) {
+  const Model& m = tiny_model();
+  const PolicyConfig c = config("lazy", {{"budget", "16"}, {"window", "4"}});
+  Session s(m, &c, kPrompt);
+  Session twin(m, &c, kPrompt);
+  const int32_t a = s.next();
+  s.feed({a});
+  twin.feed({a});
+  const int64_t slots = s.policy->slots();
+  const int32_t step = s.policy->step();
+  std::vector<std::vector<int32_t>> before;
+  for (int layer = 0; layer < m.config().n_layer; ++layer) {
+    for (int h = 0; h < s.heads(); ++h) {
+      const auto p = s.cache.positions(0, layer, h);
+      before.emplace_back(p.begin(), p.end());
+    }
+  }
+  const std::vector<int32_t> two = {s.next(), 5};
+  BatchItem item{0, two, s.pos, false, s.policy.get()};
+  try {
+    s.forward.run({&item, 1});
+    FAIL() << "two decode tokens in one pass were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+  // Nothing changed: cache, policy state, and the next pass's result.
+  EXPECT_EQ(s.policy->slots(), slots);
+  EXPECT_EQ(s.policy->step(), step);
+  size_t i = 0;
+  for (int layer = 0; layer < m.config().n_layer; ++layer) {
+    for (int h = 0; h < s.heads(); ++h) {
+      const auto p = s.cache.positions(0, layer, h);
+      EXPECT_EQ(std::vector<int32_t>(p.begin(), p.end()), before[i++]);
+    }
+  }
+  const int32_t b = s.next();
+  s.feed({b});
+  twin.feed({b});
+  EXPECT_EQ(s.logits, twin.logits);
+}
+
+TEST(PolicyForward, WrongHeadCountIsRejected) {
+  const Model& m = tiny_model();
+  ThreadPool pool(1);
+  const ModelConfig& mc = m.config();
+  const auto expect_rejected = [&](const PolicyConfig& c, int cache_heads) {
+    KvCache cache({mc.n_layer, mc.n_head_kv, mc.head_dim, 4, 0});
+    ForwardPass forward(m, cache, pool);
+    std::unique_ptr<EvictionPolicy> policy = make_policy(c, shape_for(m, int32_t(kPrompt.size())));
+    cache.add_sequence(0, cache_heads);
+    BatchItem item{0, kPrompt, 0, false, policy.get()};
+    try {
+      forward.run({&item, 1});
+      ADD_FAILURE() << c.to_string() << " ran on a cache with " << cache_heads << " heads per layer";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    }
+    EXPECT_EQ(policy->slots(), 0) << c.to_string();
+  };
+  // per_query_head needs n_head cache heads; the default needs n_head_kv.
+  expect_rejected(config("lazy", {{"budget", "16"}, {"window", "4"}, {"per_query_head", "1"}}), mc.n_head_kv);
+  expect_rejected(config("lazy", {{"budget", "16"}, {"window", "4"}}), mc.n_head);
+  expect_rejected(config("h2o", {{"budget", "16"}}), mc.n_head);
+}
+
+TEST(PolicyForward, PrefillCompressionOfALongPrompt) {
+  const Model& m = tiny_model();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(3 + (i * 37) % 250);
+  const auto slots_per_head = [&](const Session& s) {
+    std::vector<int32_t> n;
+    for (int layer = 0; layer < m.config().n_layer; ++layer) {
+      for (int h = 0; h < s.heads(); ++h) n.push_back(s.cache.n_slots(0, layer, h));
+    }
+    return n;
+  };
+  const size_t n_heads = size_t(m.config().n_layer * m.config().n_head_kv);
+  const PolicyConfig h2o = config("h2o", {{"budget", "16"}, {"recent", "4"}});
+  const PolicyConfig snapkv = config("snapkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}});
+  for (const PolicyConfig* c : {&h2o, &snapkv}) {
+    Session s(m, c, prompt);
+    EXPECT_EQ(slots_per_head(s), std::vector<int32_t>(n_heads, 16)) << c->to_string();
+    EXPECT_EQ(s.policy->peak_slots(), int64_t(n_heads) * 24) << c->to_string();
+  }
+  // lazy evicts at decode steps t with t mod W == 0 only.
+  const PolicyConfig lazy = config("lazy", {{"budget", "16"}, {"window", "4"}});
+  Session s(m, &lazy, prompt);
+  EXPECT_EQ(slots_per_head(s), std::vector<int32_t>(n_heads, 24));
+  for (int32_t t = 1; t <= 3; ++t) {
+    s.feed({s.next()});
+    EXPECT_EQ(slots_per_head(s), std::vector<int32_t>(n_heads, 24 + t)) << "t=" << t;
+  }
+  s.feed({s.next()});
+  EXPECT_EQ(slots_per_head(s), std::vector<int32_t>(n_heads, 16)) << "t=4";
+  EXPECT_EQ(s.policy->evicted_slots(), int64_t(n_heads) * (28 - 16));
+}
+
+}  // namespace
+}  // namespace lazykv
