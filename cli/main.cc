@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "  generate   stream a completion from a model\n"
     "  bench      measure prefill and decode speed (JSON)\n"
     "  replay-policy  run an eviction policy over an attention trace (JSON)\n"
+    "  eval       policy fidelity and task accuracy (JSON + plot)\n"
     "run 'lazykv <command> --help' for the flags of a command\n";
 
 }  // namespace
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return lazykv::run_generate(args);
     if (command == "bench") return lazykv::run_bench(args);
     if (command == "replay-policy") return lazykv::run_replay_policy(args);
+    if (command == "eval") return lazykv::run_eval(args);
     if (command == "-h" || command == "--help" || command == "help") {
       std::fputs(kUsage, stdout);
       return 0;

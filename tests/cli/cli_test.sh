@@ -66,4 +66,50 @@ expect_exit 2 "unknown command" "$lazykv" frobnicate
 expect_exit 0 "help" "$lazykv" generate --help
 expect_in "$tmp/out" "--max-tokens" "help lists flags"
 
+# lazykv eval: a tiny accuracy run on the GSM8K fixtures and a tiny fidelity
+# run; both write JSON with the documented fields and a PNG plot.
+eval_data="$(cd "$(dirname "$0")/../data/eval" && pwd)"
+expect_exit 0 "eval accuracy" "$lazykv" eval accuracy --model "$model" --dataset gsm8k --data-dir "$eval_data" \
+  --limit 2 --max-tokens 24 --policies lazy --budgets 0.5 --output "$tmp/acc.json" --records "$tmp/acc.jsonl"
+if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["dataset"] == "gsm8k" and d["n"] == 2 and d["max_tokens"] == 24 and d["wall_s"] > 0, d
+r = d["results"]
+assert [x["policy"] for x in r] == ["full", "lazy"] and r[1]["budget_ratio"] == 0.5, r
+for x in r:
+    for k in ("accuracy", "correct", "n", "mean_generated_tokens", "mean_peak_kv_bytes", "max_peak_kv_bytes"):
+        assert k in x, k
+    assert x["n"] == 2 and 0 <= x["accuracy"] <= 1 and x["max_peak_kv_bytes"] > 0, x
+assert r[1]["max_peak_kv_bytes"] < r[0]["max_peak_kv_bytes"], r
+recs = [json.loads(l) for l in open(sys.argv[2])]
+assert len(recs) == 4 and all("prediction" in x and "gold" in x for x in recs), recs
+' "$tmp/acc.json" "$tmp/acc.jsonl"; then pass "eval accuracy JSON"; else fail "eval accuracy JSON"; fi
+if [ "$(head -c 8 "$tmp/acc.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; then
+  pass "eval accuracy PNG"; else fail "eval accuracy PNG"; fi
+
+expect_exit 0 "eval fidelity" "$lazykv" eval fidelity --model "$model" --data-dir "$eval_data" --length 48 \
+  --n-prompts 1 --policies lazy,streaming --budgets 0.5 --speed-steps 16 --output "$tmp/fid.json"
+if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["length"] == 48 and d["prompts"] == 1 and d["wall_s"] > 0 and "param_rule" in d, d
+c = d["configs"]
+assert [x["policy"] for x in c] == ["full", "lazy", "streaming"], c
+for x in c:
+    for k in ("params", "budget_ratio", "budget_slots", "top1_agreement", "mean_kl", "peak_kv_bytes",
+              "full_peak_kv_bytes", "decode_tok_s", "policy_seconds"):
+        assert k in x, k
+    assert 0 <= x["top1_agreement"] <= 1 and x["mean_kl"] >= 0 and x["decode_tok_s"] > 0, x
+assert c[0]["top1_agreement"] == 1 and c[0]["mean_kl"] == 0, c[0]
+assert c[1]["budget_slots"] == 24 and c[1]["params"]["window"] == 6, c[1]
+assert all(x["peak_kv_bytes"] < x["full_peak_kv_bytes"] for x in c[1:]), c
+' "$tmp/fid.json"; then pass "eval fidelity JSON"; else fail "eval fidelity JSON"; fi
+if [ "$(head -c 8 "$tmp/fid.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; then
+  pass "eval fidelity PNG"; else fail "eval fidelity PNG"; fi
+expect_exit 1 "eval missing data" "$lazykv" eval accuracy --model "$model" --data-dir "$tmp/none" --limit 1
+expect_in "$tmp/err" "$tmp/none/gsm8k_test.jsonl" "eval missing data names the path"
+expect_exit 2 "eval unknown policy" "$lazykv" eval accuracy --model "$model" --data-dir "$eval_data" --policies bogus
+expect_in "$tmp/err" "valid policies" "eval unknown policy lists the valid ones"
+
 [ "$failures" -eq 0 ]

@@ -1,0 +1,188 @@
+// lazykv eval fidelity | accuracy: the policy evaluation harness (eval/).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "common/flags.h"
+#include "eval/accuracy.h"
+#include "eval/datasets.h"
+#include "eval/fidelity.h"
+#include "eval/plot.h"
+#include "eval/policy_grid.h"
+
+namespace lazykv {
+namespace {
+
+constexpr const char* kEvalUsage =
+    "usage: lazykv eval <fidelity|accuracy> [flags]\n"
+    "  fidelity  teacher-force a full-KV greedy continuation through each policy and budget;\n"
+    "            top-1 agreement and KL divergence against full KV, decode speed (JSON + PNG)\n"
+    "  accuracy  answer GSM8K or MATH-500 problems with full KV and each policy and budget (JSON + PNG)\n"
+    "run 'lazykv eval <fidelity|accuracy> --help' for the flags\n";
+
+void add_common_flags(Flags& flags, const std::string& output) {
+  flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
+      .add("data-dir", "", "data set directory (default: $LAZYKV_DATA_DIR, else shared/datasets)")
+      .add("batch", "16", "sequences run at once (continuous batching)")
+      .add("threads", "0", "CPU threads; 0 is all cores")
+      .add("output", output, "result JSON file")
+      .add("plot", "", "plot PNG file (default: the output path with .png)");
+}
+
+std::string data_dir(const Flags& flags) {
+  return flags.get("data-dir").empty() ? eval::default_data_dir() : flags.get("data-dir");
+}
+
+eval::BatchRunner make_runner(const LoadedModel& m, const Flags& flags) {
+  eval::BatchRunnerOptions options;
+  options.batch = int(flags.get_int("batch"));
+  options.threads = int(flags.get_int("threads"));
+  if (options.batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch must be >= 1");
+  return eval::BatchRunner(*m.model, *m.tokenizer, options);
+}
+
+void log_line(const std::string& line) { std::fprintf(stderr, "[eval] %s\n", line.c_str()); }
+
+// Writes the JSON, then the plot; a plotting failure is reported after the JSON is safe.
+int write_outputs(const nlohmann::json& result, const Flags& flags) {
+  const std::string output = flags.get("output");
+  {
+    std::ofstream out(output);
+    if (!out) throw Error(ErrorCode::kInvalidArgument, "cannot write --output " + output);
+    out << result.dump(2) << "\n";
+    if (!out) throw Error(ErrorCode::kInternal, "writing " + output + " failed");
+  }
+  std::fprintf(stderr, "[eval] wrote %s\n", output.c_str());
+  const std::string plot =
+      flags.get("plot").empty() ? std::filesystem::path(output).replace_extension(".png").string() : flags.get("plot");
+  try {
+    eval::run_plot(output, plot);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "lazykv eval: error: %s (the results are in %s)\n", e.what(), output.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "[eval] wrote %s\n", plot.c_str());
+  return 0;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int run_fidelity(const std::vector<std::string>& args) {
+  const auto start = std::chrono::steady_clock::now();
+  Flags flags("eval fidelity");
+  add_common_flags(flags, "eval_fidelity.json");
+  flags.add("prompts", "", "JSONL file of {\"prompt\": ...} (default: GSM8K questions with the CoT instruction)")
+      .add("n-prompts", "4", "GSM8K questions to use when --prompts is not given")
+      .add("length", "2048", "reference continuation length in tokens")
+      .add("policies", "lazy,streaming,h2o,tova,snapkv,rkv,raas", "policies to compare with full KV")
+      .add("budgets", "0.1,0.2,0.3,0.5", "KV budgets: < 1 a ratio of --length, >= 1 slots")
+      .add("speed-steps", "512", "decode steps of the unbatched speed run per configuration (0: none)");
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::fputs(flags.usage().c_str(), stdout);
+    return 0;
+  }
+  eval::FidelityOptions options;
+  options.length = int32_t(flags.get_int("length"));
+  options.policies = eval::parse_policies(flags.get("policies"));
+  options.budgets = eval::parse_budgets(flags.get("budgets"));
+  options.speed_steps = int32_t(flags.get_int("speed-steps"));
+  if (options.length < 1) throw Error(ErrorCode::kInvalidArgument, "--length must be >= 1");
+  if (options.speed_steps < 0) throw Error(ErrorCode::kInvalidArgument, "--speed-steps must be >= 0");
+  std::vector<std::string> messages;
+  if (!flags.get("prompts").empty()) {
+    messages = eval::load_prompts(flags.get("prompts"));
+  } else {
+    const int64_t n = flags.get_int("n-prompts");
+    if (n < 1) throw Error(ErrorCode::kInvalidArgument, "--n-prompts must be >= 1");
+    for (const eval::Problem& p : eval::load_dataset(eval::Dataset::kGsm8k, data_dir(flags))) {
+      if (int64_t(messages.size()) == n) break;
+      messages.push_back(eval::cot_message(p.question));
+    }
+  }
+  if (messages.empty()) throw Error(ErrorCode::kInvalidArgument, "eval fidelity: no prompts");
+
+  LoadedModel m = load_model(flags.get("model"));
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& text : messages) prompts.push_back(encode_prompt(m, text, /*chat=*/true));
+  eval::BatchRunner runner = make_runner(m, flags);
+  const eval::FidelityReport report = eval::run_fidelity(runner, prompts, options, log_line);
+  for (const eval::FidelityConfigResult& c : report.configs) {
+    std::printf("%-60s top1 %.4f  kl %.5f  peak %.2f MiB  %.1f tok/s\n", c.policy.to_string().c_str(),
+                c.top1_agreement(), c.mean_kl(), double(c.peak_kv_bytes) / (1 << 20), c.decode_tok_s);
+  }
+  nlohmann::json result = eval::fidelity_json(report, m.model->config().name, options, prompts.size(), seconds_since(start));
+  result["source"] = flags.get("prompts").empty() ? std::string("gsm8k") : flags.get("prompts");
+  return write_outputs(result, flags);
+}
+
+int run_accuracy(const std::vector<std::string>& args) {
+  const auto start = std::chrono::steady_clock::now();
+  Flags flags("eval accuracy");
+  add_common_flags(flags, "eval_accuracy.json");
+  flags.add("dataset", "gsm8k", "data set: gsm8k or math500")
+      .add("limit", "0", "problems to use; 0 is all")
+      .add("offset", "0", "first problem")
+      .add("policies", "all", "policies to compare with full KV ('all': every evicting policy)")
+      .add("budgets", "0.3,0.5,0.7", "KV budgets: < 1 a ratio of each problem's full-KV length, >= 1 slots")
+      .add("max-tokens", "1024", "maximum tokens generated per problem")
+      .add("records", "", "also write one JSON line per (configuration, problem) to this file");
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::fputs(flags.usage().c_str(), stdout);
+    return 0;
+  }
+  eval::AccuracyOptions options;
+  options.dataset = eval::parse_dataset(flags.get("dataset"));
+  options.policies = eval::parse_policies(flags.get("policies"));
+  options.budgets = eval::parse_budgets(flags.get("budgets"));
+  options.max_tokens = int32_t(flags.get_int("max-tokens"));
+  if (options.max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
+  const int64_t limit = flags.get_int("limit"), offset = flags.get_int("offset");
+  if (limit < 0 || offset < 0) throw Error(ErrorCode::kInvalidArgument, "--limit and --offset must be >= 0");
+  std::vector<eval::Problem> all = eval::load_dataset(options.dataset, data_dir(flags));
+  if (offset >= int64_t(all.size())) {
+    throw Error(ErrorCode::kInvalidArgument, "--offset " + std::to_string(offset) + " is past the " +
+                                                 std::to_string(all.size()) + " problems of the data set");
+  }
+  const int64_t end = limit == 0 ? int64_t(all.size()) : std::min<int64_t>(int64_t(all.size()), offset + limit);
+  const std::vector<eval::Problem> problems(all.begin() + offset, all.begin() + end);
+
+  LoadedModel m = load_model(flags.get("model"));
+  std::vector<std::vector<int32_t>> prompts;
+  for (const eval::Problem& p : problems) prompts.push_back(encode_prompt(m, eval::cot_message(p.question), true));
+  eval::BatchRunner runner = make_runner(m, flags);
+  const eval::AccuracyReport report = eval::run_accuracy(runner, problems, prompts, options, log_line);
+  for (const eval::AccuracyRow& row : report.rows) {
+    std::printf("%-10s budget %-6g accuracy %.4f (%lld/%lld)  mean tokens %.1f  mean peak %.2f MiB\n",
+                row.policy.c_str(), row.budget_ratio, row.accuracy(), static_cast<long long>(row.correct),
+                static_cast<long long>(row.n), row.mean_generated_tokens, row.mean_peak_kv_bytes / (1 << 20));
+  }
+  if (!flags.get("records").empty()) {
+    std::ofstream out(flags.get("records"));
+    if (!out) throw Error(ErrorCode::kInvalidArgument, "cannot write --records " + flags.get("records"));
+    for (const eval::AccuracyRecord& r : report.records) out << eval::accuracy_record_json(r, problems).dump() << "\n";
+  }
+  return write_outputs(
+      eval::accuracy_json(report, m.model->config().name, options, problems.size(), seconds_since(start)), flags);
+}
+
+}  // namespace
+
+int run_eval(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    std::fputs(kEvalUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "fidelity") return run_fidelity(rest);
+  if (args[0] == "accuracy") return run_accuracy(rest);
+  throw Error(ErrorCode::kInvalidArgument, "unknown eval command '" + args[0] + "'; valid: fidelity, accuracy");
+}
+
+}  // namespace lazykv

@@ -1,0 +1,167 @@
+#include "eval/batch_runner.h"
+
+#include <chrono>
+#include <memory>
+
+#include "common/error.h"
+#include "worker/forward.h"
+#include "worker/kv_cache.h"
+#include "worker/policy/policy.h"
+#include "worker/sampler.h"
+
+namespace lazykv::eval {
+namespace {
+
+// One running job.
+struct Active {
+  size_t job = 0;
+  std::unique_ptr<EvictionPolicy> policy;
+  int32_t steps = 0;     // tokens this job produces in all
+  int32_t pos = 0;       // position of the next token fed
+  int32_t next = 0;      // the next decode token
+  bool prefill = true;   // the prompt is not cached yet
+  bool done = false;
+};
+
+// Why a job cannot run, or empty.
+std::string check_job(const Job& job, int32_t steps, int32_t n_ctx, int32_t n_vocab) {
+  if (job.prompt.empty()) return "the prompt is empty";
+  if (steps < 0) return "max_new_tokens must be >= 0";
+  const int64_t total = int64_t(job.prompt.size()) + steps;
+  if (total > n_ctx) {
+    return "prompt of " + std::to_string(job.prompt.size()) + " tokens plus " + std::to_string(steps) +
+           " new tokens exceeds the context of " + std::to_string(n_ctx) + " tokens";
+  }
+  for (const std::vector<int32_t>* ids : {&job.prompt, &job.forced}) {
+    for (int32_t id : *ids) {
+      if (id < 0 || id >= n_vocab) return "token id " + std::to_string(id) + " is outside the vocabulary";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+BatchRunner::BatchRunner(const Model& model, const Tokenizer& tokenizer, const BatchRunnerOptions& options)
+    : model_(model),
+      tokenizer_(tokenizer),
+      options_(options),
+      batch_(options.batch),
+      n_ctx_(options.n_ctx > 0 ? options.n_ctx : model.config().n_ctx_train),
+      pool_(options.threads) {
+  set_batch(options.batch);
+}
+
+void BatchRunner::set_batch(int batch) {
+  if (batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch must be >= 1, got " + std::to_string(batch));
+  batch_ = batch;
+}
+
+std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const LogitsCallback& on_logits,
+                                        const ProgressCallback& on_done) {
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig& config = model_.config();
+  KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
+  ForwardPass forward(model_, cache, pool_, options_.precision);
+  const size_t model_vocab = size_t(config.n_vocab);
+  // Embedding rows past the tokenizer's vocabulary (padding) are never sampled or compared.
+  const size_t vocab = std::min(size_t(tokenizer_.n_vocab()), model_vocab);
+
+  std::vector<JobResult> results(jobs.size());
+  std::vector<Active> active;
+  std::vector<BatchItem> items;
+  size_t next_job = 0, done = 0;
+  const auto finish_job = [&]() {
+    ++done;
+    if (on_done) on_done(done, jobs.size());
+  };
+
+  while (next_job < jobs.size() || !active.empty()) {
+    // Admit new jobs up to the batch size.
+    while (int(active.size()) < batch_ && next_job < jobs.size()) {
+      if (jobs[next_job].wait_for_idle && !active.empty()) break;
+      const size_t j = next_job++;
+      const Job& job = jobs[j];
+      JobResult& result = results[j];
+      const int32_t steps = job.forced.empty() ? job.max_new_tokens : int32_t(job.forced.size());
+      result.error = check_job(job, steps, n_ctx_, int32_t(model_vocab));
+      std::unique_ptr<EvictionPolicy> policy;
+      if (result.ok()) {
+        try {
+          const PolicyShape shape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim,
+                                  int32_t(job.prompt.size()), 0.0f};
+          policy = make_policy(job.policy, shape);
+        } catch (const Error& e) {
+          result.error = e.what();
+        }
+      }
+      if (!result.ok()) {
+        result.finish = "error";
+        finish_job();
+        continue;
+      }
+      if (steps == 0) {
+        result.finish = "length";
+        finish_job();
+        continue;
+      }
+      cache.add_sequence(SeqId(j), policy->heads_per_layer());
+      Active a;
+      a.job = j;
+      a.policy = std::move(policy);
+      a.steps = steps;
+      active.push_back(std::move(a));
+    }
+    if (active.empty()) continue;
+
+    items.clear();
+    for (const Active& a : active) {
+      const Job& job = jobs[a.job];
+      if (a.prefill) {
+        items.push_back(BatchItem{SeqId(a.job), job.prompt, 0, false, a.policy.get()});
+      } else {
+        items.push_back(BatchItem{SeqId(a.job), {&a.next, 1}, a.pos, false, a.policy.get()});
+      }
+    }
+    const auto t0 = Clock::now();
+    const std::span<const float> logits = forward.run(items);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    for (size_t i = 0; i < active.size(); ++i) {
+      Active& a = active[i];
+      const Job& job = jobs[a.job];
+      JobResult& result = results[a.job];
+      const std::span<const float> row = logits.subspan(i * model_vocab, vocab);
+      const int32_t index = int32_t(result.tokens.size());
+      if (on_logits) on_logits(a.job, index, row);
+      const int32_t token = job.forced.empty() ? argmax(row) : job.forced[size_t(index)];
+      result.tokens.push_back(token);
+      if (a.prefill) {
+        result.prefill_seconds += seconds;
+        a.pos = int32_t(job.prompt.size());
+        a.prefill = false;
+      } else {
+        result.decode_seconds += seconds;
+        ++result.decode_steps;
+        ++a.pos;
+      }
+      const bool stop = job.forced.empty() && !job.ban_eos && tokenizer_.is_end_of_generation(token);
+      if (stop || int32_t(result.tokens.size()) == a.steps) {
+        result.finish = stop ? "stop" : "length";
+        result.peak_slots = a.policy->peak_slots();
+        result.peak_kv_bytes = a.policy->peak_slots() * int64_t(cache.slot_bytes());
+        result.evicted_slots = a.policy->evicted_slots();
+        result.policy_seconds = a.policy->policy_seconds();
+        cache.remove_sequence(SeqId(a.job));
+        a.done = true;
+        finish_job();
+      } else {
+        a.next = token;
+      }
+    }
+    std::erase_if(active, [](const Active& a) { return a.done; });
+  }
+  return results;
+}
+
+}  // namespace lazykv::eval

@@ -1,0 +1,38 @@
+// Evaluation data sets (GSM8K test, MATH-500) and prompt files, read from
+// JSONL. See shared/datasets/README.md for the files and their fields.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "eval/answers.h"
+
+namespace lazykv::eval {
+
+struct Problem {
+  std::string id;        // "gsm8k/<line>" or MATH's unique_id
+  std::string question;  // the problem text
+  std::string gold;      // the reference final answer (GSM8K: the number after ####)
+};
+
+// The data directory when --data-dir is not given: $LAZYKV_DATA_DIR, else the
+// shared/datasets folder beside the source tree.
+std::string default_data_dir();
+
+// data_dir/gsm8k_test.jsonl or data_dir/math500_test.jsonl. Error(kNotFound)
+// naming the path when missing; Error(kInvalidArgument) with the line number
+// for a malformed line (bad JSON, a missing or non-string field, a GSM8K
+// answer without "#### <number>"). Blank lines are skipped.
+std::vector<Problem> load_dataset(Dataset dataset, const std::string& data_dir);
+std::string dataset_path(Dataset dataset, const std::string& data_dir);
+std::vector<Problem> load_gsm8k(const std::string& path);
+std::vector<Problem> load_math500(const std::string& path);
+
+// Prompts from a JSONL file of {"prompt": "..."} objects (same errors).
+std::vector<std::string> load_prompts(const std::string& path);
+
+// The user message for a problem: the problem, then the chain-of-thought
+// instruction asking for a \boxed{} answer.
+std::string cot_message(const std::string& problem);
+
+}  // namespace lazykv::eval

@@ -1,0 +1,79 @@
+#include "eval/policy_grid.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace lazykv::eval {
+
+const char* const kParamRule =
+    "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. "
+    "Window-like parameters (lazy/snapkv/rkv window, h2o recent, streaming sinks) keep their catalog defaults "
+    "unless the default is not smaller than the budget, then max(1, budget / 4).";
+
+int32_t budget_slots(double budget, int64_t base) {
+  if (budget < 1) return std::max<int32_t>(8, int32_t(std::llround(budget * double(base))));
+  return int32_t(budget);
+}
+
+PolicyConfig grid_policy_config(const std::string& name, int32_t budget) {
+  if (name == "full") return make_policy_config(std::string("full"));
+  std::map<std::string, std::string> params = {{"budget", std::to_string(budget)}};
+  for (const PolicyInfo& info : policy_catalog()) {
+    if (info.name != name) continue;
+    for (const PolicyParam& p : info.params) {
+      const bool window_like = p.name == "window" || p.name == "recent" || p.name == "sinks";
+      if (window_like && p.default_value >= budget) params[p.name] = std::to_string(std::max(1, budget / 4));
+    }
+  }
+  return make_policy_config(name, params);  // throws for an unknown name
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+std::vector<std::string> parse_policies(const std::string& text) {
+  std::vector<std::string> names;
+  for (const std::string& name : split_list(text)) {
+    if (name == "all") {
+      for (const PolicyInfo& info : policy_catalog()) {
+        if (info.name != "full") names.push_back(info.name);
+      }
+      continue;
+    }
+    make_policy_config(name);  // throws naming the valid policies
+    names.push_back(name);
+  }
+  if (names.empty()) throw Error(ErrorCode::kInvalidArgument, "--policies names no policy");
+  return names;
+}
+
+std::vector<double> parse_budgets(const std::string& text) {
+  std::vector<double> budgets;
+  for (const std::string& item : split_list(text)) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (end == item.c_str() || *end != '\0' || !std::isfinite(v) || v <= 0 || (v >= 1 && v < 2)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--budgets: '" + item + "' is not a ratio in (0, 1) or an absolute slot count >= 2");
+    }
+    budgets.push_back(v);
+  }
+  if (budgets.empty()) throw Error(ErrorCode::kInvalidArgument, "--budgets names no budget");
+  return budgets;
+}
+
+}  // namespace lazykv::eval

@@ -1,0 +1,244 @@
+// The batched runner, fidelity and accuracy drivers on a tiny random model.
+#include "eval/batch_runner.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "eval/accuracy.h"
+#include "eval/fidelity.h"
+#include "eval/policy_grid.h"
+#include "worker/format/tiny_model.h"
+#include "worker/model.h"
+
+namespace lazykv::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+class BatchRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const fs::path dir = fs::temp_directory_path() / ("lazykv_eval_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const std::string path = (dir / "tiny.gguf").string();
+    TinyModelSpec spec;
+    spec.n_ctx = 256;
+    write_tiny_gguf(path, spec);
+    model_ = Model::load(path).release();
+    tokenizer_ = new Tokenizer(model_->tokenizer_spec());
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete model_;
+  }
+
+  static BatchRunner runner(int batch) {
+    BatchRunnerOptions options;
+    options.batch = batch;
+    options.threads = 2;
+    return BatchRunner(*model_, *tokenizer_, options);
+  }
+
+  // Prompts of different lengths and contents (ids of byte tokens).
+  static std::vector<int32_t> prompt(int i) {
+    std::vector<int32_t> ids = {1};
+    for (int k = 0; k < 6 + 3 * i; ++k) ids.push_back(3 + (17 * i + 5 * k) % 250);
+    return ids;
+  }
+
+  static Job job(int i, PolicyConfig policy, int32_t max_new, bool ban_eos = true) {
+    Job j;
+    j.prompt = prompt(i);
+    j.policy = std::move(policy);
+    j.max_new_tokens = max_new;
+    j.ban_eos = ban_eos;
+    return j;
+  }
+
+  static Model* model_;
+  static Tokenizer* tokenizer_;
+};
+
+Model* BatchRunnerTest::model_ = nullptr;
+Tokenizer* BatchRunnerTest::tokenizer_ = nullptr;
+
+TEST_F(BatchRunnerTest, BatchedGenerationEqualsEachPromptAlone) {
+  // Mixed policies: the evicting ones compact while other sequences decode beside them.
+  const std::vector<PolicyConfig> policies = {
+      make_policy_config(std::string("full")), grid_policy_config("lazy", 12), grid_policy_config("streaming", 10),
+      grid_policy_config("h2o", 12), make_policy_config(std::string("full"))};
+  std::vector<Job> jobs;
+  for (int i = 0; i < 5; ++i) jobs.push_back(job(i, policies[size_t(i)], 20 + 3 * i));
+  BatchRunner batched = runner(2);
+  const std::vector<JobResult> together = batched.run(jobs);
+  ASSERT_EQ(together.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    BatchRunner single = runner(1);
+    const std::vector<JobResult> alone = single.run({jobs[size_t(i)]});
+    ASSERT_TRUE(together[size_t(i)].ok()) << together[size_t(i)].error;
+    EXPECT_EQ(together[size_t(i)].tokens, alone[0].tokens) << "job " << i;
+    EXPECT_EQ(together[size_t(i)].tokens.size(), size_t(20 + 3 * i)) << "ban_eos runs to max_new_tokens";
+    EXPECT_EQ(together[size_t(i)].finish, "length");
+    EXPECT_EQ(together[size_t(i)].peak_kv_bytes, alone[0].peak_kv_bytes);
+    EXPECT_GT(together[size_t(i)].peak_kv_bytes, 0);
+  }
+  // The evicting policies did evict (so the comparison covered compaction).
+  EXPECT_GT(together[1].evicted_slots, 0);
+  EXPECT_GT(together[2].evicted_slots, 0);
+  EXPECT_EQ(together[0].evicted_slots, 0);
+}
+
+TEST_F(BatchRunnerTest, StopsAtEndOfGenerationUnlessBanned) {
+  // Force the reference to find where the model emits an end-of-generation
+  // token, if it ever does; with ban_eos the job always runs to the limit.
+  BatchRunner r = runner(4);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 4; ++i) jobs.push_back(job(i, make_policy_config(std::string("full")), 60, /*ban_eos=*/false));
+  const std::vector<JobResult> results = r.run(jobs);
+  for (const JobResult& res : results) {
+    ASSERT_TRUE(res.ok());
+    for (size_t k = 0; k + 1 < res.tokens.size(); ++k) EXPECT_FALSE(tokenizer_->is_end_of_generation(res.tokens[k]));
+    if (res.finish == "stop") {
+      EXPECT_TRUE(tokenizer_->is_end_of_generation(res.tokens.back()));
+    } else {
+      EXPECT_EQ(res.tokens.size(), 60u);
+    }
+  }
+}
+
+TEST_F(BatchRunnerTest, TeacherForcingFeedsExactlyTheForcedTokens) {
+  // Forced tokens that greedy decoding would not produce: each position's
+  // logits must be those of the prompt followed by the forced prefix.
+  Job forced = job(1, make_policy_config(std::string("full")), 0);
+  for (int k = 0; k < 8; ++k) forced.forced.push_back(3 + (31 * k + 7) % 250);
+  std::vector<std::vector<float>> seen;
+  BatchRunner r = runner(3);
+  const std::vector<JobResult> results =
+      r.run({job(0, make_policy_config(std::string("full")), 5), forced, job(2, make_policy_config(std::string("full")), 9)},
+            [&](size_t j, int32_t index, std::span<const float> logits) {
+              if (j != 1) return;
+              EXPECT_EQ(index, int32_t(seen.size()));
+              seen.emplace_back(logits.begin(), logits.end());
+            });
+  ASSERT_TRUE(results[1].ok());
+  EXPECT_EQ(results[1].tokens, forced.forced);
+  ASSERT_EQ(seen.size(), forced.forced.size());
+  for (size_t i = 0; i < forced.forced.size(); ++i) {
+    Job prefix = job(1, make_policy_config(std::string("full")), 1);
+    prefix.prompt.insert(prefix.prompt.end(), forced.forced.begin(), forced.forced.begin() + ptrdiff_t(i));
+    std::vector<float> expected;
+    BatchRunner single = runner(1);
+    single.run({prefix}, [&](size_t, int32_t, std::span<const float> logits) { expected.assign(logits.begin(), logits.end()); });
+    ASSERT_EQ(expected.size(), seen[i].size());
+    for (size_t v = 0; v < expected.size(); ++v) ASSERT_NEAR(seen[i][v], expected[v], 1e-3) << "position " << i;
+  }
+}
+
+TEST_F(BatchRunnerTest, AJobTooLongForTheContextFailsAlone) {
+  BatchRunner r = runner(2);
+  Job too_long = job(0, make_policy_config(std::string("full")), 250);  // 7 prompt tokens + 250 > 256
+  Job bad_token = job(1, make_policy_config(std::string("full")), 4);
+  bad_token.prompt.push_back(1 << 20);
+  const std::vector<JobResult> results =
+      r.run({job(2, make_policy_config(std::string("full")), 6), too_long, bad_token, job(3, grid_policy_config("lazy", 9), 6)});
+  EXPECT_TRUE(results[0].ok());
+  EXPECT_EQ(results[0].tokens.size(), 6u);
+  EXPECT_FALSE(results[1].ok());
+  EXPECT_EQ(results[1].finish, "error");
+  EXPECT_NE(results[1].error.find("exceeds the context of 256 tokens"), std::string::npos) << results[1].error;
+  EXPECT_TRUE(results[1].tokens.empty());
+  EXPECT_FALSE(results[2].ok());
+  EXPECT_NE(results[2].error.find("outside the vocabulary"), std::string::npos) << results[2].error;
+  EXPECT_TRUE(results[3].ok());
+  EXPECT_EQ(results[3].tokens.size(), 6u);
+}
+
+TEST_F(BatchRunnerTest, FullAgainstFullIsPerfectFidelity) {
+  BatchRunner r = runner(3);
+  FidelityOptions options;
+  options.length = 24;
+  options.speed_steps = 8;
+  options.policies = {"lazy", "streaming"};
+  options.budgets = {1000, 0.25};  // 1000 slots: more than the whole sequence, nothing is evicted
+  const FidelityReport report = run_fidelity(r, {prompt(0), prompt(3)}, options);
+  ASSERT_EQ(report.configs.size(), 5u);
+  ASSERT_EQ(report.continuations.size(), 2u);
+  EXPECT_EQ(report.continuations[0].size(), 24u);
+  const FidelityConfigResult& full = report.configs[0];
+  EXPECT_EQ(full.policy.name, "full");
+  EXPECT_EQ(full.positions, 48);
+  EXPECT_EQ(full.top1_agreement(), 1.0);
+  EXPECT_EQ(full.mean_kl(), 0.0);
+  EXPECT_GT(full.decode_tok_s, 0);
+  const FidelityConfigResult& roomy = report.configs[1];
+  EXPECT_EQ(roomy.policy.name, "lazy");
+  EXPECT_EQ(roomy.budget_slots, 1000);
+  EXPECT_EQ(roomy.positions, 48);
+  EXPECT_EQ(roomy.top1_agreement(), 1.0);
+  EXPECT_NEAR(roomy.mean_kl(), 0.0, 1e-9);
+  EXPECT_EQ(roomy.peak_kv_bytes, roomy.full_peak_kv_bytes);
+  // A tight budget evicts: less memory, window rule applied (8 slots: window 2).
+  const FidelityConfigResult& tight = report.configs[2];
+  EXPECT_EQ(tight.budget_slots, 8);
+  EXPECT_EQ(tight.policy.get_int("window"), 2);
+  EXPECT_LT(tight.peak_kv_bytes, tight.full_peak_kv_bytes);
+  EXPECT_GE(tight.mean_kl(), 0.0);
+  const nlohmann::json j = fidelity_json(report, "tiny", options, 2, 1.5);
+  EXPECT_EQ(j["configs"].size(), 5u);
+  EXPECT_EQ(j["configs"][0]["top1_agreement"], 1.0);
+  EXPECT_TRUE(j.contains("param_rule"));
+}
+
+TEST_F(BatchRunnerTest, AccuracyReportsEveryConfiguration) {
+  BatchRunner r = runner(4);
+  const std::vector<Problem> problems = {{"a", "q", "7"}, {"b", "q", "8"}, {"c", "q", "9"}};
+  AccuracyOptions options;
+  options.dataset = Dataset::kGsm8k;
+  options.policies = {"lazy", "tova"};
+  options.budgets = {0.5, 0.7};
+  options.max_tokens = 12;
+  const AccuracyReport report = run_accuracy(r, problems, {prompt(0), prompt(1), prompt(2)}, options);
+  ASSERT_EQ(report.rows.size(), 5u);
+  EXPECT_EQ(report.rows[0].policy, "full");
+  EXPECT_EQ(report.rows[3].policy, "tova");
+  EXPECT_EQ(report.rows[3].budget_ratio, 0.5);
+  for (const AccuracyRow& row : report.rows) {
+    EXPECT_EQ(row.n, 3);
+    EXPECT_GT(row.mean_generated_tokens, 0);
+    EXPECT_GT(row.max_peak_kv_bytes, 0);
+  }
+  EXPECT_EQ(report.records.size(), 15u);
+  // Budgets follow each problem's full length: max(8, round(0.5 * total)).
+  for (const AccuracyRecord& rec : report.records) {
+    if (rec.policy != "lazy" || rec.budget_ratio != 0.5) continue;
+    const AccuracyRecord& full = report.records[rec.problem];
+    const int64_t total = int64_t(prompt(int(rec.problem)).size()) + full.generated_tokens;
+    EXPECT_EQ(rec.budget_slots, std::max<int64_t>(8, std::llround(0.5 * double(total))));
+  }
+}
+
+TEST(PolicyGridTest, BudgetsAndWindowRule) {
+  EXPECT_EQ(budget_slots(0.5, 100), 50);
+  EXPECT_EQ(budget_slots(0.01, 100), 8);
+  EXPECT_EQ(budget_slots(300, 100), 300);
+  EXPECT_EQ(grid_policy_config("lazy", 1000).get_int("window"), 128);  // the default fits
+  EXPECT_EQ(grid_policy_config("lazy", 100).get_int("window"), 25);
+  EXPECT_EQ(grid_policy_config("snapkv", 20).get_int("window"), 5);
+  EXPECT_EQ(grid_policy_config("rkv", 20).get_int("window"), 8);
+  EXPECT_EQ(grid_policy_config("streaming", 3).get_int("sinks"), 1);
+  EXPECT_EQ(grid_policy_config("h2o", 10).get_int("recent"), 0);
+  EXPECT_EQ(grid_policy_config("tova", 10).budget(), 10);
+  EXPECT_EQ(parse_policies("all").size(), 7u);
+  EXPECT_THROW(parse_policies("lazy,bogus"), std::exception);
+  EXPECT_EQ(parse_budgets("0.1, 0.5,64"), (std::vector<double>{0.1, 0.5, 64}));
+  EXPECT_THROW(parse_budgets("0"), std::exception);
+  EXPECT_THROW(parse_budgets("abc"), std::exception);
+}
+
+}  // namespace
+}  // namespace lazykv::eval
