@@ -28,6 +28,7 @@ void add_common_flags(Flags& flags, const std::string& output) {
       .add("data-dir", "", "data set directory (default: $LAZYKV_DATA_DIR, else shared/datasets)")
       .add("batch", "16", "sequences run at once (continuous batching)")
       .add("threads", "0", "CPU threads; 0 is all cores")
+      .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, faster batches)")
       .add("output", output, "result JSON file")
       .add("plot", "", "plot PNG file (default: the output path with .png)");
 }
@@ -40,6 +41,7 @@ eval::BatchRunner make_runner(const LoadedModel& m, const Flags& flags) {
   eval::BatchRunnerOptions options;
   options.batch = int(flags.get_int("batch"));
   options.threads = int(flags.get_int("threads"));
+  options.precision = parse_activations(flags.get("activations"));
   if (options.batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch must be >= 1");
   return eval::BatchRunner(*m.model, *m.tokenizer, options);
 }
@@ -118,6 +120,7 @@ int run_fidelity(const std::vector<std::string>& args) {
   }
   nlohmann::json result = eval::fidelity_json(report, m.model->config().name, options, prompts.size(), seconds_since(start));
   result["source"] = flags.get("prompts").empty() ? std::string("gsm8k") : flags.get("prompts");
+  result["activations"] = flags.get("activations");
   return write_outputs(result, flags);
 }
 
@@ -168,8 +171,10 @@ int run_accuracy(const std::vector<std::string>& args) {
     if (!out) throw Error(ErrorCode::kInvalidArgument, "cannot write --records " + flags.get("records"));
     for (const eval::AccuracyRecord& r : report.records) out << eval::accuracy_record_json(r, problems).dump() << "\n";
   }
-  return write_outputs(
-      eval::accuracy_json(report, m.model->config().name, options, problems.size(), seconds_since(start)), flags);
+  nlohmann::json result =
+      eval::accuracy_json(report, m.model->config().name, options, problems.size(), seconds_since(start));
+  result["activations"] = flags.get("activations");
+  return write_outputs(result, flags);
 }
 
 }  // namespace

@@ -12,8 +12,9 @@ namespace lazykv::eval {
 
 const char* const kParamRule =
     "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. "
-    "Window-like parameters (lazy/snapkv/rkv window, h2o recent, streaming sinks) keep their catalog defaults "
-    "unless the default is not smaller than the budget, then max(1, budget / 4).";
+    "The observation/recent window (lazy, snapkv, rkv `window`) is min(catalog default, max(1, budget / 4)), so "
+    "that at least three quarters of the budget is chosen by the policy's score; streaming keeps its 4 sinks and "
+    "h2o its half-budget recent window.";
 
 int32_t budget_slots(double budget, int64_t base) {
   if (budget < 1) return std::max<int32_t>(8, int32_t(std::llround(budget * double(base))));
@@ -26,8 +27,11 @@ PolicyConfig grid_policy_config(const std::string& name, int32_t budget) {
   for (const PolicyInfo& info : policy_catalog()) {
     if (info.name != name) continue;
     for (const PolicyParam& p : info.params) {
-      const bool window_like = p.name == "window" || p.name == "recent" || p.name == "sinks";
-      if (window_like && p.default_value >= budget) params[p.name] = std::to_string(std::max(1, budget / 4));
+      if (p.name == "window") {
+        params[p.name] = std::to_string(std::min(int32_t(p.default_value), std::max(1, budget / 4)));
+      } else if (p.name == "sinks" && p.default_value >= budget) {
+        params[p.name] = std::to_string(std::max(1, budget / 4));
+      }
     }
   }
   return make_policy_config(name, params);  // throws for an unknown name

@@ -200,7 +200,8 @@ void f32_row(const float* row, int64_t cols, const float* x, int64_t x_stride, i
   }
 }
 
-// Rows [r_begin, r_end) against n_tok <= kFusedMaxTokens tokens.
+// Rows [r_begin, r_end) against n_tok tokens, kFusedMaxTokens at a time: the
+// weight row is read from memory once and stays in L1 across the chunks.
 void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                      float* row_buf) {
   const int64_t cols = w.cols;
@@ -209,17 +210,20 @@ void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, cons
   float out[kFusedMaxTokens];
   for (int64_t r = r_begin; r < r_end; ++r) {
     const uint8_t* row = base + size_t(r) * stride;
-    switch (w.type) {
-      case DType::kQ4_0: fused_row_dispatch<DType::kQ4_0>(row, cols, x, cols, n_tok, out); break;
-      case DType::kQ4_1: fused_row_dispatch<DType::kQ4_1>(row, cols, x, cols, n_tok, out); break;
-      case DType::kQ8_0: fused_row_dispatch<DType::kQ8_0>(row, cols, x, cols, n_tok, out); break;
-      case DType::kF32: f32_row(reinterpret_cast<const float*>(row), cols, x, cols, n_tok, out); break;
-      default:
-        dequantize_row(w.type, row, row_buf, cols);
-        f32_row(row_buf, cols, x, cols, n_tok, out);
-        break;
+    const bool fused = w.type == DType::kQ4_0 || w.type == DType::kQ4_1 || w.type == DType::kQ8_0;
+    if (!fused && w.type != DType::kF32) dequantize_row(w.type, row, row_buf, cols);
+    for (int t0 = 0; t0 < n_tok; t0 += kFusedMaxTokens) {
+      const int nt = std::min(kFusedMaxTokens, n_tok - t0);
+      const float* xc = x + int64_t(t0) * cols;
+      switch (w.type) {
+        case DType::kQ4_0: fused_row_dispatch<DType::kQ4_0>(row, cols, xc, cols, nt, out); break;
+        case DType::kQ4_1: fused_row_dispatch<DType::kQ4_1>(row, cols, xc, cols, nt, out); break;
+        case DType::kQ8_0: fused_row_dispatch<DType::kQ8_0>(row, cols, xc, cols, nt, out); break;
+        case DType::kF32: f32_row(reinterpret_cast<const float*>(row), cols, xc, cols, nt, out); break;
+        default: f32_row(row_buf, cols, xc, cols, nt, out); break;
+      }
+      for (int t = 0; t < nt; ++t) y[int64_t(t0 + t) * w.rows + r] = out[t];
     }
-    for (int t = 0; t < n_tok; ++t) y[t * w.rows + r] = out[t];
   }
 }
 
@@ -296,7 +300,10 @@ size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int n_threads) {
 
 void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, float* scratch, ThreadPool& pool) {
   const size_t per_thread = thread_floats(w.cols);
-  if (batch <= kFusedMaxTokens) {
+  // Small batches of fused-type weights (batched decode) also stream rows:
+  // dequantizing in registers per 8 tokens beats packing panels up to here.
+  const bool fused_type = w.type == DType::kQ4_0 || w.type == DType::kQ4_1 || w.type == DType::kQ8_0;
+  if (batch <= kFusedMaxTokens || (fused_type && batch <= kFusedStreamMaxTokens)) {
     // Rows split evenly across threads.
     pool.run([&](int thread, int n_threads) {
       const int64_t begin = w.rows * thread / n_threads;

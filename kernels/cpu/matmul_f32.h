@@ -12,6 +12,9 @@ namespace lazykv::cpu {
 
 // Token counts up to this use the fused row-streaming kernel.
 constexpr int kFusedMaxTokens = 8;
+// Up to this many tokens, Q4_0/Q4_1/Q8_0 weights are streamed row by row
+// (kFusedMaxTokens tokens per pass over the row in L1) instead of packed.
+constexpr int kFusedStreamMaxTokens = 64;
 
 size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int n_threads);
 

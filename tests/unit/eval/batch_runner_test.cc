@@ -229,7 +229,9 @@ TEST(PolicyGridTest, BudgetsAndWindowRule) {
   EXPECT_EQ(grid_policy_config("lazy", 1000).get_int("window"), 128);  // the default fits
   EXPECT_EQ(grid_policy_config("lazy", 100).get_int("window"), 25);
   EXPECT_EQ(grid_policy_config("snapkv", 20).get_int("window"), 5);
-  EXPECT_EQ(grid_policy_config("rkv", 20).get_int("window"), 8);
+  EXPECT_EQ(grid_policy_config("lazy", 400).get_int("window"), 100);  // a quarter of the budget, below the default
+  EXPECT_EQ(grid_policy_config("rkv", 20).get_int("window"), 5);
+  EXPECT_EQ(grid_policy_config("rkv", 200).get_int("window"), 8);
   EXPECT_EQ(grid_policy_config("streaming", 3).get_int("sinks"), 1);
   EXPECT_EQ(grid_policy_config("h2o", 10).get_int("recent"), 0);
   EXPECT_EQ(grid_policy_config("tova", 10).budget(), 10);
