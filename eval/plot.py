@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Plots a `lazykv eval` result JSON: accuracy (or top-1 agreement) against
-the KV budget ratio, one line per policy, full KV as a dashed line.
+"""Plots a `lazykv eval` result JSON against the KV budget ratio, one line per
+policy, full KV as a dashed line: accuracy for `eval accuracy`; top-1
+agreement and mean KL(full || policy) side by side for `eval fidelity`.
 
 usage: plot.py RESULT.json OUT.png
 """
@@ -13,20 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main():
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    with open(sys.argv[1]) as f:
-        result = json.load(f)
-    if "results" in result:  # accuracy
-        rows, metric, label = result["results"], "accuracy", "accuracy"
-        title = "%s on %s (n=%d, max %d tokens)" % (result.get("model", "?"), result.get("dataset", "?"),
-                                                   result.get("n", 0), result.get("max_tokens", 0))
-    else:  # fidelity
-        rows, metric, label = result["configs"], "top1_agreement", "top-1 agreement with full KV"
-        title = "%s fidelity on %s (%d prompts, %d tokens)" % (
-            result.get("model", "?"), result.get("source", "?"), result.get("prompts", 0), result.get("length", 0))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def draw(ax, rows, metric, label, log_scale=False):
     lines = {}
     full_value = None
     for row in rows:
@@ -37,15 +25,35 @@ def main():
     for policy, points in lines.items():
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
-    if full_value is not None:
+    if full_value is not None and not (log_scale and full_value <= 0):
         ax.axhline(full_value, linestyle="--", color="black", label="full")
+    if log_scale:
+        ax.set_yscale("log")
     ax.set_xlabel("KV budget (ratio of full length; >= 1: slots)")
     ax.set_ylabel(label)
-    ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as f:
+        result = json.load(f)
+    if "results" in result:  # accuracy
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        draw(ax, result["results"], "accuracy", "accuracy")
+        title = "%s on %s (n=%d, max %d tokens)" % (result.get("model", "?"), result.get("dataset", "?"),
+                                                   result.get("n", 0), result.get("max_tokens", 0))
+    else:  # fidelity
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+        draw(left, result["configs"], "top1_agreement", "top-1 agreement with full KV")
+        draw(right, result["configs"], "mean_kl", "mean KL(full || policy) per token", log_scale=True)
+        title = "%s: fidelity on %s (%d prompts, %d tokens)" % (
+            result.get("model", "?"), result.get("source", "?"), result.get("prompts", 0), result.get("length", 0))
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(sys.argv[2], dpi=120)
+    fig.savefig(sys.argv[2], dpi=110)
 
 
 if __name__ == "__main__":
