@@ -92,11 +92,11 @@ struct Bench {
   }
 
   struct PolicyRun {
-    double decode_s = 0, policy_s = 0;
+    double decode_s = 0, eviction_s = 0, policy_cpu_s = 0;
     int64_t peak_slots = 0;
   };
   // One sequence under `config`: a prompt of ctx tokens, then `steps` decode
-  // steps (greedy). Times the decode steps and the policy's share of them.
+  // steps (greedy). Times the decode steps and the eviction's share of them.
   PolicyRun decode_with_policy(const PolicyConfig& config, int ctx, int steps) {
     const ModelConfig& c = model.config();
     KvCache cache(cache_config());
@@ -106,13 +106,14 @@ struct Bench {
     const auto ids = bench_tokens(ctx, c.n_vocab, 11);
     BatchItem item{0, ids, 0, false, policy.get()};
     int32_t next = argmax(fp.run({&item, 1}));
-    const double policy_s0 = policy->policy_seconds();
+    const double eviction_s0 = fp.eviction_seconds(), policy_s0 = policy->policy_seconds();
     const auto t = Clock::now();
     for (int s = 0; s < steps; ++s) {
       item = BatchItem{0, {&next, 1}, ctx + s, false, policy.get()};
       next = argmax(fp.run({&item, 1}));
     }
-    return {seconds_since(t), policy->policy_seconds() - policy_s0, policy->peak_slots()};
+    return {seconds_since(t), fp.eviction_seconds() - eviction_s0, policy->policy_seconds() - policy_s0,
+            policy->peak_slots()};
   }
 };
 
@@ -122,23 +123,26 @@ struct Bench {
 // (the policy with a budget it never reaches against `full`).
 nlohmann::json policy_cost(Bench& bench, const PolicyConfig& config, int steps) {
   const int budget = config.budget();
-  int window = 0;
-  if (config.params.count("window") != 0) window = config.get_int("window");
-  const int ctx = budget;  // the prompt fills the budget: every step runs at C .. C + W slots
-  const int total_steps = std::max(steps, 4 * std::max(window, 1));
+  // Enough steps for several compactions of a periodic policy.
+  int period = 1;
+  for (const char* p : {"window", "period"}) {
+    if (config.params.count(p) != 0) period = std::max(period, config.get_int(p));
+  }
+  const int ctx = budget;  // the prompt fills the budget: every step runs at C .. C + period slots
+  const int total_steps = std::max(steps, 4 * period);
   const Bench::PolicyRun run = bench.decode_with_policy(config, ctx, total_steps);
-  std::map<std::string, std::string> unbounded;
-  for (const auto& [k, v] : config.params) unbounded[k] = std::to_string(v);
-  unbounded["budget"] = std::to_string(ctx + total_steps + 1);
-  const Bench::PolicyRun stats_only = bench.decode_with_policy(make_policy_config(config.name, unbounded), ctx, total_steps);
+  PolicyConfig unbounded = config;  // same parameters, a budget it never reaches
+  unbounded.params["budget"] = double(ctx + total_steps + 1);
+  const Bench::PolicyRun stats_only = bench.decode_with_policy(unbounded, ctx, total_steps);
   const Bench::PolicyRun full = bench.decode_with_policy(make_policy_config("full"), ctx, total_steps);
   const double slot_bytes = double(bench.cache_config().head_dim) * 4;
   return {{"policy", config.to_json()},
           {"steps", total_steps},
           {"prompt_tokens", ctx},
           {"decode_tok_s", total_steps / run.decode_s},
-          {"policy_ms_per_step", run.policy_s * 1e3 / total_steps},
-          {"policy_fraction_of_step", run.policy_s / run.decode_s},
+          {"eviction_ms_per_step", run.eviction_s * 1e3 / total_steps},
+          {"eviction_fraction_of_step", run.eviction_s / run.decode_s},
+          {"policy_cpu_ms_per_step", run.policy_cpu_s * 1e3 / total_steps},
           {"peak_kv_bytes", double(run.peak_slots) * slot_bytes},
           {"stats_only_decode_tok_s", total_steps / stats_only.decode_s},
           {"full_decode_tok_s", total_steps / full.decode_s},

@@ -167,7 +167,11 @@ std::optional<std::string> last_boxed(std::string_view text) {
   std::sort(starts.begin(), starts.end());
   // The last complete one: a box cut off by the token limit does not count.
   for (auto it = starts.rbegin(); it != starts.rend(); ++it) {
-    const size_t i = it->first + it->second;
+    size_t i = it->first + it->second;
+    // "\boxed {x}" is "\boxed{x}"; "\boxed 5" (no brace) takes the next word.
+    size_t brace = i;
+    while (brace < text.size() && text[brace] == ' ') ++brace;
+    if (brace < text.size() && text[brace] == '{') i = brace;
     if (i < text.size() && text[i] == '{') {
       const size_t close = match_brace(text, i);
       if (close != std::string_view::npos) return std::string(text.substr(i + 1, close - i - 2));

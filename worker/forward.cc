@@ -1,6 +1,7 @@
 #include "worker/forward.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -111,15 +112,16 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   }
   // Reserve KV room for every item before any change, so a full cache fails
   // cleanly (pages reserved for earlier items simply stay with them).
-  for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
-  for (const BatchItem& item : batch) {
-    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
-  }
   int32_t max_slots = 0;
   for (const BatchItem& item : batch) {
     max_slots = std::max(max_slots, cache_.max_slots(item.seq) + int32_t(item.tokens.size()));
   }
   ensure_buffers(T, n_logit_rows, max_slots);
+  for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
+  // Nothing below throws before the appends, so policies and cache stay in step.
+  for (const BatchItem& item : batch) {
+    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
+  }
 
   // Embedding lookup.
   const cpu::WeightMatrix& embd = model_.token_embd();
@@ -240,12 +242,16 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].policy != nullptr) with_policy.push_back(i);
   }
+  const auto evict_start = std::chrono::steady_clock::now();
   pool_.parallel_for(int64_t(with_policy.size()) * c.n_layer, 1, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const BatchItem& item = batch[with_policy[size_t(u / c.n_layer)]];
       item.policy->end_step(int(u % c.n_layer), cache_, item.seq);
     }
   });
+  if (!with_policy.empty()) {
+    eviction_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - evict_start).count();
+  }
   return {logits_.data(), size_t(n_logit_rows) * size_t(c.n_vocab)};
 }
 

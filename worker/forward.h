@@ -41,6 +41,10 @@ class ForwardPass {
   std::span<const float> run(std::span<const BatchItem> batch);
 
   int n_vocab() const { return model_.config().n_vocab; }
+  // Wall seconds spent in the policies' end_step (statistics upkeep, scoring,
+  // selection, compaction) over all runs; layers run in parallel, so this is
+  // less than the sum of the policies' own CPU time.
+  double eviction_seconds() const { return eviction_seconds_; }
 
  private:
   void ensure_buffers(int64_t n_tokens, int64_t n_logit_rows, int32_t max_slots);
@@ -57,6 +61,7 @@ class ForwardPass {
   std::vector<uint8_t> scratch_raw_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  double eviction_seconds_ = 0;
 };
 
 }  // namespace lazykv

@@ -203,7 +203,17 @@ void weighted_values(const float* probs, int64_t row_stride, const KvPages& kv, 
 }
 #endif
 
-// scores[n_group][n_slots] = scale * q k, with the causal mask at max_pos.
+void record_stats(const float* p, int32_t n, const AttentionStats& stats) {
+  if (stats.hits != nullptr) {
+    for (int32_t s = 0; s < n; ++s) stats.hits[s] |= uint8_t(p[s] >= stats.alpha);
+  }
+  if (stats.attn_sum != nullptr) {
+    for (int32_t s = 0; s < n; ++s) stats.attn_sum[s] += p[s];
+  }
+}
+
+}  // namespace
+
 void attention_logits(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
                       float* scores) {
   const int32_t n = kv.n_slots;
@@ -231,16 +241,6 @@ void attention_logits(const float* q, int n_group, int head_dim, const KvPages& 
   }
 }
 
-void record_stats(const float* p, int32_t n, const AttentionStats& stats) {
-  if (stats.hits != nullptr) {
-    for (int32_t s = 0; s < n; ++s) stats.hits[s] |= uint8_t(p[s] >= stats.alpha);
-  }
-  if (stats.attn_sum != nullptr) {
-    for (int32_t s = 0; s < n; ++s) stats.attn_sum[s] += p[s];
-  }
-}
-
-}  // namespace
 
 void attention_probs(const float* q, int n_q, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
                      float* probs) {

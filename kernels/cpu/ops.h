@@ -58,6 +58,11 @@ struct AttentionStats {
 void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
                      float scale, float* scores, float* out, float* lse, const AttentionStats* stats = nullptr);
 
+// The scaled logits alone: scores[n_q][n_slots] = scale * q k, -inf where the
+// slot's position is past max_pos. q: [n_q][head_dim] f32.
+void attention_logits(const float* q, int n_q, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
+                      float* scores);
+
 // The probabilities alone (no values): probs[n_q][n_slots] = softmax(scale * q k)
 // with the causal mask at max_pos. For policies that rescore the cache from
 // remembered queries at compression steps. q: [n_q][head_dim] f32.

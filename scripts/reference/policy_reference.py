@@ -308,10 +308,15 @@ class Replay:
                     # Pooling runs over the candidates only (consulted the code).
                     scores = max_pool1d(scores, K)
                 else:
+                    # Each remembered query's softmax over the older slots
+                    # only (R-KV normalises over the candidates; one query
+                    # per head here, so the group max is the logit itself).
+                    keys_c = np.array(hd.keys[:nc], dtype=F32)
                     acc = np.zeros(nc, dtype=F32)
-                    for r in rows:
-                        acc = (acc + r[:nc]).astype(F32)
-                    importance = max_pool1d((acc / F32(max(len(rows), 1))).astype(F32), K)
+                    for _, q in self.queries[h]:
+                        logits = ((keys_c @ q.astype(F32)).astype(F32) * self.scale).astype(F32)
+                        acc = (acc + softmax_f32(logits)).astype(F32)
+                    importance = max_pool1d((acc / F32(max(len(self.queries[h]), 1))).astype(F32), K)
                     keys = np.array(hd.keys[:nc], dtype=F32)
                     khat = (keys / (np.linalg.norm(keys, axis=1, keepdims=True) + F32(1e-8))).astype(F32)
                     total = khat.sum(axis=0, dtype=F32)

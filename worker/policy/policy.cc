@@ -148,18 +148,23 @@ void EvictionPolicy::keep_top(const float* scores, int32_t n_candidates, int32_t
   for (int32_t s = n_candidates; s < n; ++s) keep[size_t(k + s - n_candidates)] = s;
 }
 
-int32_t EvictionPolicy::recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const {
-  std::vector<std::pair<int32_t, int32_t>> kept;  // (position, ring index); at most keep_queries entries
+std::vector<std::pair<int32_t, const float*>> EvictionPolicy::recent_queries(const Head& h) const {
+  std::vector<std::pair<int32_t, const float*>> kept;  // at most keep_queries entries
+  const size_t stride = size_t(queries_per_head()) * size_t(shape_.head_dim);
   for (size_t i = 0; i < h.query_pos.size(); ++i) {
-    if (h.query_pos[i] >= 0) kept.emplace_back(h.query_pos[i], int32_t(i));
+    if (h.query_pos[i] >= 0) kept.emplace_back(h.query_pos[i], h.queries.data() + i * stride);
   }
   std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+int32_t EvictionPolicy::recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const {
+  const auto kept = recent_queries(h);
   const int qph = queries_per_head();
   const size_t row = size_t(kv.n_slots);
   probs.resize(kept.size() * size_t(qph) * row);
   for (size_t i = 0; i < kept.size(); ++i) {
-    const float* q = h.queries.data() + size_t(kept[i].second) * size_t(qph) * size_t(shape_.head_dim);
-    cpu::attention_probs(q, qph, shape_.head_dim, kv, kept[i].first, shape_.attn_scale,
+    cpu::attention_probs(kept[i].second, qph, shape_.head_dim, kv, kept[i].first, shape_.attn_scale,
                          probs.data() + i * size_t(qph) * row);
   }
   return int32_t(kept.size()) * qph;

@@ -73,7 +73,8 @@ class EvictionPolicy {
   int64_t slots() const { return slots_.load(); }  // over all layers and heads
   int64_t peak_slots() const { return peak_slots_; }
   int64_t evicted_slots() const { return evicted_.load(); }
-  // Seconds spent in end_step (statistics upkeep, scoring, selection, compaction).
+  // CPU seconds spent in end_step (statistics upkeep, scoring, selection,
+  // compaction), summed over layers even when they run in parallel.
   double policy_seconds() const { return double(policy_ns_.load()) * 1e-9; }
   // The per-slot state of one head, for trace replay: {"last": [...], ...}.
   virtual nlohmann::json slot_state(int layer, int head) const;
@@ -123,8 +124,12 @@ class EvictionPolicy {
   // in [n_candidates, n); writes sorted indices to keep. Ties: older first.
   void keep_top(const float* scores, int32_t n_candidates, int32_t n, int32_t k, std::vector<int32_t>& keep,
                 std::vector<int32_t>& index);
-  // Probabilities of the kept queries over the head's slots, each with its
-  // own causal mask: probs[n_kept][n] (returns n_kept).
+  // The remembered queries of a head, oldest first: (position, pointer to
+  // [queries_per_head][head_dim]).
+  std::vector<std::pair<int32_t, const float*>> recent_queries(const Head& h) const;
+  // Probabilities of the remembered queries over the head's slots, each with
+  // its own causal mask: probs[rows][n], rows = remembered x queries_per_head
+  // (returns rows).
   int32_t recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const;
   // Scratch for select() (one set per layer: layers run concurrently).
   struct Scratch {

@@ -3,8 +3,10 @@
 // budget, the older slots are scored
 //   score = lambda * importance - (1 - lambda) * redundancy
 // and the top budget - window kept with the `window` newest slots, where
-//   importance = attention of the last `window` queries, max over the GQA
-//                group, mean over the queries, max-pooled with `kernel`;
+//   importance = for each of the last `window` queries, the softmax over the
+//                older slots of its logits (max over the GQA group), then the
+//                mean over the queries, max-pooled with `kernel` (as R-KV's
+//                reference code scores them);
 //   redundancy = softmax over the older slots of each key's mean cosine
 //                similarity to the other older keys.
 // The mean similarity needs no n x n matrix: sum_j cos(k_s, k_j) for j != s is
@@ -44,18 +46,22 @@ class RkvPolicy final : public EvictionPolicy {
       const cpu::KvPages kv = cache.view(seq, layer, int(h));
 
       // Importance.
-      const int32_t rows = recent_query_probs(hd, kv, s.probs);
-      const int32_t n_queries = rows / qph;
+      const auto queries = recent_queries(hd);
       s.scores.assign(size_t(nc), 0.0f);
-      for (int32_t q = 0; q < n_queries; ++q) {
+      s.probs.resize(size_t(qph) * size_t(n));
+      s.aux.resize(size_t(nc));
+      for (const auto& [pos, q] : queries) {
+        cpu::attention_logits(q, qph, D, kv, pos, shape().attn_scale, s.probs.data());
         for (int32_t i = 0; i < nc; ++i) {
-          float m = 0.0f;
-          for (int g = 0; g < qph; ++g) m = std::max(m, s.probs[size_t(q * qph + g) * size_t(n) + size_t(i)]);
-          s.scores[size_t(i)] += m;
+          float m = s.probs[size_t(i)];
+          for (int g = 1; g < qph; ++g) m = std::max(m, s.probs[size_t(g) * size_t(n) + size_t(i)]);
+          s.aux[size_t(i)] = m;
         }
+        cpu::softmax_inplace(s.aux.data(), nc);
+        for (int32_t i = 0; i < nc; ++i) s.scores[size_t(i)] += s.aux[size_t(i)];
       }
-      if (n_queries > 0) {
-        for (float& v : s.scores) v /= float(n_queries);
+      if (!queries.empty()) {
+        for (float& v : s.scores) v /= float(queries.size());
       }
       s.pooled.resize(size_t(nc));
       cpu::max_pool1d(s.scores.data(), nc, kernel_, s.pooled.data());

@@ -22,6 +22,7 @@ TEST(AnswersTest, ExtractsPredictions) {
       {"\\boxed{\\frac{1}{2}}", Dataset::kMath500, "\\frac{1}{2}"},
       {"\\boxed{\\frac{\\sqrt{3}}{2}} done", Dataset::kMath500, "\\frac{\\sqrt{3}}{2}"},
       {"nested \\boxed{{a}{b{c}}}", Dataset::kMath500, "{a}{b{c}}"},
+      {"spaced \\boxed {3 \\sqrt{2}} end", Dataset::kMath500, "3 \\sqrt{2}"},
       {"\\fbox{7}", Dataset::kMath500, "7"},
       {"$\\boxed 5$", Dataset::kMath500, "5"},
       {"no box here: 12 then 15", Dataset::kMath500, std::nullopt},
