@@ -112,4 +112,36 @@ expect_in "$tmp/err" "$tmp/none/gsm8k_test.jsonl" "eval missing data names the p
 expect_exit 2 "eval unknown policy" "$lazykv" eval accuracy --model "$model" --data-dir "$eval_data" --policies bogus
 expect_in "$tmp/err" "valid policies" "eval unknown policy lists the valid ones"
 
+# Eviction policies from the command line: the summary reports the bounded peak.
+expect_exit 0 "generate with lazy" "$lazykv" generate --model "$model" --chat --prompt "Count from 1 to 30." \
+  --max-tokens 80 --kv-policy lazy --kv-budget 48 --kv-window 16
+expect_in "$tmp/err" "kv policy lazy(alpha=0.0001,budget=48,per_query_head=0,window=16)" "lazy policy summary"
+expect_exit 2 "unknown policy" "$lazykv" generate --model "$model" --prompt hi --kv-policy bogus
+expect_in "$tmp/err" "valid policies: full, lazy, streaming, h2o, tova, snapkv, rkv, raas" "unknown policy lists the valid ones"
+expect_exit 2 "parameter the policy lacks" "$lazykv" generate --model "$model" --prompt hi --kv-policy streaming --kv-window 8
+expect_in "$tmp/err" "policy streaming has no parameter 'window'" "parameter the policy lacks is named"
+expect_exit 2 "window not below budget" "$lazykv" generate --model "$model" --prompt hi --kv-policy lazy --kv-budget 8 --kv-window 8
+expect_in "$tmp/err" "window (8) must be smaller than budget (8)" "window rule explained"
+
+# replay-policy: the hand-worked LazyEviction trace, from a file and from stdin.
+trace_dir="$(cd "$(dirname "$0")/../data/policy" && pwd)"
+python3 -c 'import json,sys; json.dump(json.load(open(sys.argv[1]))["trace"], open(sys.argv[2], "w"))' \
+  "$trace_dir/lazy_hand.json" "$tmp/trace.json"
+expect_exit 0 "replay-policy" "$lazykv" replay-policy --trace "$tmp/trace.json" --output "$tmp/replay.json"
+if python3 -c '
+import json, sys
+got = json.load(open(sys.argv[1]))
+want = json.load(open(sys.argv[2]))["expected"]
+assert [s["kept"] for s in got["steps"]] == [s["kept"] for s in want["steps"]], got
+assert [s["state"] for s in got["steps"]] == [s["state"] for s in want["steps"]], got
+' "$tmp/replay.json" "$trace_dir/lazy_hand.json"; then pass "replay-policy matches the hand-worked trace"; else fail "replay-policy matches the hand-worked trace"; fi
+expect_exit 0 "replay-policy from stdin" bash -c "'$lazykv' replay-policy --trace - < '$tmp/trace.json'"
+expect_in "$tmp/out" '"steps"' "replay-policy from stdin prints the result"
+echo '{"policy": {"name": "lazy"}, "H": 1, "D": 2, "prompt_keys": [[[1, 0]]], "steps": [{"query": [[1]], "new_key": [[0, 1]]}]}' > "$tmp/bad.json"
+expect_exit 2 "replay-policy malformed trace" "$lazykv" replay-policy --trace "$tmp/bad.json"
+expect_in "$tmp/err" "steps[0].query[0] must be an array of 2 numbers" "malformed trace names the field"
+echo '{"policy": {' > "$tmp/bad.json"
+expect_exit 2 "replay-policy invalid JSON" "$lazykv" replay-policy --trace "$tmp/bad.json"
+expect_in "$tmp/err" "is not valid JSON" "invalid JSON is reported"
+
 [ "$failures" -eq 0 ]
