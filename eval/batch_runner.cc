@@ -134,7 +134,15 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       const std::span<const float> row = logits.subspan(i * model_vocab, vocab);
       const int32_t index = int32_t(result.tokens.size());
       if (on_logits) on_logits(a.job, index, row);
-      const int32_t token = job.forced.empty() ? argmax(row) : job.forced[size_t(index)];
+      int32_t token = job.forced.empty() ? argmax(row) : job.forced[size_t(index)];
+      if (job.forced.empty() && job.ban_eos && tokenizer_.is_end_of_generation(token)) {
+        token = -1;  // the best token that does not end the text
+        for (size_t v = 0; v < row.size(); ++v) {
+          if (!tokenizer_.is_end_of_generation(int32_t(v)) && (token < 0 || row[v] > row[size_t(token)])) {
+            token = int32_t(v);
+          }
+        }
+      }
       result.tokens.push_back(token);
       if (a.prefill) {
         result.prefill_seconds += seconds;

@@ -26,7 +26,7 @@ struct Job {
   // ones and the job runs exactly forced.size() steps (max_new_tokens and
   // end-of-generation are ignored).
   std::vector<int32_t> forced;
-  bool ban_eos = false;  // do not stop at end-of-generation tokens
+  bool ban_eos = false;  // never pick an end-of-generation token: the text runs on to the length
   // Admitted only once no other job is running: the jobs from here up to the
   // next such job (at most a batch of them) then start, step and, when they
   // have equal lengths, finish together.
