@@ -7,6 +7,15 @@
 #include "common/error.h"
 
 namespace lazykv {
+namespace {
+
+std::string flag_name(const std::string& param) {
+  std::string flag = "kv-" + param;
+  for (char& c : flag) c = c == '_' ? '-' : c;
+  return flag;
+}
+
+}  // namespace
 
 void add_policy_flags(Flags& flags) {
   flags.add("kv-policy", "full", "KV eviction policy: full, lazy, streaming, h2o, tova, snapkv, rkv, raas");
@@ -14,9 +23,7 @@ void add_policy_flags(Flags& flags) {
   for (const PolicyInfo& info : policy_catalog()) {
     for (const PolicyParam& p : info.params) {
       if (!seen.insert(p.name).second) continue;
-      std::string flag = "kv-" + p.name;
-      for (char& c : flag) c = c == '_' ? '-' : c;
-      flags.add(flag, "", "policy parameter: " + p.help + " (policies that take it; see docs/policies.md)");
+      flags.add(flag_name(p.name), "", "policy parameter: " + p.help + " (policies that take it; see docs/policies.md)");
     }
   }
 }
@@ -27,9 +34,7 @@ PolicyConfig policy_from_flags(const Flags& flags) {
   for (const PolicyInfo& info : policy_catalog()) {
     for (const PolicyParam& p : info.params) {
       if (!seen.insert(p.name).second) continue;
-      std::string flag = "kv-" + p.name;
-      for (char& c : flag) c = c == '_' ? '-' : c;
-      if (flags.is_set(flag)) params[p.name] = flags.get(flag);
+      if (flags.is_set(flag_name(p.name))) params[p.name] = flags.get(flag_name(p.name));
     }
   }
   return make_policy_config(flags.get("kv-policy"), params);
