@@ -17,6 +17,8 @@ int run_generate(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_replay_policy(const std::vector<std::string>& args);
 int run_eval(const std::vector<std::string>& args);
+int run_serve(const std::vector<std::string>& args);
+int run_bench_serve(const std::vector<std::string>& args);
 
 // A model with its tokenizer: from GGUF metadata, or tokenizer.json for a
 // Hugging Face directory.
@@ -52,7 +54,5 @@ void add_policy_flags(Flags& flags);
 // The policy the flags name; Error(kInvalidArgument) for an unknown name or a
 // parameter the policy does not take or accept.
 PolicyConfig policy_from_flags(const Flags& flags);
-// The policy shape of a model for a prompt of prompt_len tokens.
-PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len);
 
 }  // namespace lazykv

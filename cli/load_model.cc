@@ -26,28 +26,18 @@ LoadedModel load_model(const std::string& name_or_path) {
 }  // namespace lazykv
 
 #include "common/error.h"
-#include "coordinator/chat/chat_template.h"
+#include "coordinator/server/prompt_encoder.h"
 
 namespace lazykv {
 
 std::vector<int32_t> encode_prompt(const LoadedModel& m, const std::string& text, bool chat, const std::string& system) {
-  const TokenizerSpec& spec = m.tokenizer->spec();
-  auto token_text = [&](int32_t id) { return id >= 0 && id < int32_t(spec.tokens.size()) ? m.tokenizer->token_bytes(id) : ""; };
-  std::string rendered = text;
-  if (chat) {
-    if (spec.chat_template.empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "--chat: the model has no chat template");
-    }
-    std::vector<ChatMessage> messages;
-    if (!system.empty()) messages.push_back({"system", system});
-    messages.push_back({"user", text});
-    rendered = ChatTemplate(spec.chat_template).render(messages, true, token_text(spec.bos_id), token_text(spec.eos_id));
-  }
-  std::vector<int32_t> ids = m.tokenizer->encode(rendered, /*parse_special=*/chat);
-  if (spec.add_bos && spec.bos_id >= 0 && (ids.empty() || ids.front() != spec.bos_id)) {
-    ids.insert(ids.begin(), spec.bos_id);
-  }
-  return ids;
+  const PromptEncoder encoder(*m.tokenizer);
+  if (!chat) return encoder.encode_text(text);
+  if (!encoder.has_chat_template()) throw Error(ErrorCode::kInvalidArgument, "--chat: the model has no chat template");
+  std::vector<ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", text});
+  return encoder.encode_chat(messages);
 }
 
 }  // namespace lazykv

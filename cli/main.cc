@@ -12,8 +12,10 @@ namespace {
 constexpr const char* kUsage =
     "usage: lazykv <command> [flags]\n"
     "commands:\n"
+    "  serve      the OpenAI-compatible HTTP server (coordinator and a CPU worker in one process)\n"
     "  generate   stream a completion from a model\n"
     "  bench      measure prefill and decode speed (JSON)\n"
+    "  bench-serve  load an OpenAI-compatible server with concurrent streams (JSON)\n"
     "  replay-policy  run an eviction policy over an attention trace (JSON)\n"
     "  eval       policy fidelity and task accuracy (JSON + plot)\n"
     "run 'lazykv <command> --help' for the flags of a command\n";
@@ -28,8 +30,10 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
+    if (command == "serve") return lazykv::run_serve(args);
     if (command == "generate") return lazykv::run_generate(args);
     if (command == "bench") return lazykv::run_bench(args);
+    if (command == "bench-serve") return lazykv::run_bench_serve(args);
     if (command == "replay-policy") return lazykv::run_replay_policy(args);
     if (command == "eval") return lazykv::run_eval(args);
     if (command == "-h" || command == "--help" || command == "help") {

@@ -40,8 +40,4 @@ PolicyConfig policy_from_flags(const Flags& flags) {
   return make_policy_config(flags.get("kv-policy"), params);
 }
 
-PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len) {
-  return PolicyShape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim, prompt_len, 0.0f};
-}
-
 }  // namespace lazykv

@@ -9,6 +9,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::kNotFound: return "not_found";
     case ErrorCode::kIo: return "io";
     case ErrorCode::kOutOfMemory: return "out_of_memory";
+    case ErrorCode::kUnavailable: return "unavailable";
     case ErrorCode::kInternal: return "internal";
   }
   return "unknown";

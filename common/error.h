@@ -15,6 +15,7 @@ enum class ErrorCode {
   kNotFound,         // missing file, unknown name
   kIo,               // read/write/network failure
   kOutOfMemory,      // a budget or pool is exhausted
+  kUnavailable,      // the service cannot take this now: queue full, draining, worker down
   kInternal,         // a broken invariant: a bug
 };
 

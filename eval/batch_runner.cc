@@ -88,9 +88,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       std::unique_ptr<EvictionPolicy> policy;
       if (result.ok()) {
         try {
-          const PolicyShape shape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim,
-                                  int32_t(job.prompt.size()), 0.0f};
-          policy = make_policy(job.policy, shape);
+          policy = make_policy(job.policy, policy_shape(config, int32_t(job.prompt.size())));
         } catch (const Error& e) {
           result.error = e.what();
         }

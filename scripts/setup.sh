@@ -21,6 +21,8 @@ packages=(
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev
   clang libclang-rt-14-dev  # libFuzzer targets
   python3-matplotlib        # eval harness plots (eval/plot.py)
+  libboost-dev              # Boost.Beast: the HTTP API
+  curl prometheus           # end-to-end tests: a real HTTP client, promtool and a real scrape
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -64,6 +66,23 @@ if [ ! -f "$stamp" ] || [ "$model" -nt "$stamp" ]; then
     die "sha256 of the default model is $actual, expected $model_sha256 (moved aside to $model.bad; run setup again)"
   fi
   touch "$stamp"
+fi
+
+# --- the end-to-end tests' Python client (LAZYKV_SETUP_E2E=1, set by test.sh) ----
+# A venv with the pinned packages of tests/e2e/requirements.txt (the official
+# OpenAI client), rebuilt when that file changes.
+if [ "${LAZYKV_SETUP_E2E:-0}" = 1 ]; then
+  venv="$cache/venv-e2e"
+  req="$root/tests/e2e/requirements.txt"
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [ "$(cat "$venv/.requirements-sha256" 2>/dev/null)" != "$want" ]; then
+    log "creating the end-to-end test venv in $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" || die "could not create a venv (Debian package python3-venv)"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$req" ||
+      die "could not install tests/e2e/requirements.txt from PyPI (network? proxy?)"
+    echo "$want" >"$venv/.requirements-sha256"
+  fi
 fi
 
 # --- build --------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs the whole test suite through ctest:
-#  1. the Release build: unit, golden (real default model) and CLI tests;
+#  1. the Release build: unit, golden (real default model), CLI and end-to-end
+#     serving tests (curl, the OpenAI client, promtool, Prometheus);
 #  2. unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
 #  3. the kernel tests of a portable build (scalar fallbacks, no AVX);
 #  4. the libFuzzer targets over their seed corpus (clang).
@@ -8,10 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 jobs=$(nproc)
-scripts/setup.sh
+LAZYKV_SETUP_E2E=1 scripts/setup.sh
 
 cache="${LAZYKV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lazykv}"
 export LAZYKV_DEFAULT_MODEL="$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+export LAZYKV_E2E_PYTHON="$cache/venv-e2e/bin/python"
 
 echo "== Release: all tests"
 (cd build && ctest --output-on-failure -j"$jobs")

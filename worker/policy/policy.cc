@@ -7,9 +7,14 @@
 
 #include "common/error.h"
 #include "kernels/cpu/eviction.h"
+#include "worker/model_config.h"
 #include "worker/policy/policies.h"
 
 namespace lazykv {
+
+PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len) {
+  return PolicyShape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim, prompt_len, 0.0f};
+}
 
 EvictionPolicy::EvictionPolicy(PolicyConfig config, const PolicyShape& shape, int heads_per_layer, Needs needs)
     : config_(std::move(config)),

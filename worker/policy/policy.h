@@ -35,6 +35,10 @@ struct PolicyShape {
   float attn_scale = 0;  // 1/sqrt(head_dim) unless the model says otherwise
 };
 
+struct ModelConfig;
+// The policy shape of a model for a prompt of prompt_len tokens.
+PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len);
+
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy();

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <iomanip>
 #include <sstream>
 
 #include "common/error.h"
@@ -17,9 +18,14 @@ PolicyParam budget_param() {
   return {"budget", 512, 1, kMaxSlots, true, "slots kept per KV head after compaction, prompt included"};
 }
 
+// Whole numbers in full (a budget limit of 16777216, not 1.67772e+07).
 std::string format_number(double v) {
   std::ostringstream os;
-  os << v;
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
+    os << static_cast<long long>(v);
+  } else {
+    os << std::setprecision(8) << v;
+  }
   return os.str();
 }
 
@@ -37,8 +43,8 @@ std::string param_list(const PolicyInfo& info) {
   std::ostringstream out;
   for (const PolicyParam& p : info.params) {
     if (&p != &info.params.front()) out << "; ";
-    out << p.name << " in [" << p.min << ", " << p.max << "]" << (p.integer ? " (integer)" : "") << ", default "
-        << p.default_value;
+    out << p.name << " in [" << format_number(p.min) << ", " << format_number(p.max) << "]"
+        << (p.integer ? " (integer)" : "") << ", default " << format_number(p.default_value);
   }
   return out.str();
 }

@@ -2,9 +2,7 @@
 #include "eval/batch_runner.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,25 +10,21 @@
 #include "eval/accuracy.h"
 #include "eval/fidelity.h"
 #include "eval/policy_grid.h"
-#include "worker/format/tiny_model.h"
+#include "tests/unit/tiny_model_fixture.h"
 #include "worker/model.h"
 
 namespace lazykv::eval {
 namespace {
 
-namespace fs = std::filesystem;
 
 class BatchRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const fs::path dir = fs::temp_directory_path() / ("lazykv_eval_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    const std::string path = (dir / "tiny.gguf").string();
     TinyModelSpec spec;
     spec.n_ctx = 256;
-    write_tiny_gguf(path, spec);
-    model_ = Model::load(path).release();
-    tokenizer_ = new Tokenizer(model_->tokenizer_spec());
+    TinyModel tiny = load_tiny_model("eval_test", spec);
+    model_ = tiny.model.release();
+    tokenizer_ = tiny.tokenizer.release();
   }
   static void TearDownTestSuite() {
     delete tokenizer_;

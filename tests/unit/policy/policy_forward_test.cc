@@ -51,10 +51,7 @@ int32_t argmax(std::span<const float> logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-PolicyShape shape_for(const Model& m, int32_t prompt_len) {
-  const ModelConfig& c = m.config();
-  return PolicyShape{c.n_layer, c.n_head_kv, c.n_group(), c.head_dim, prompt_len, 0.0f};
-}
+PolicyShape shape_for(const Model& m, int32_t prompt_len) { return policy_shape(m.config(), prompt_len); }
 
 // One sequence on its own cache and forward pass, optionally with a policy.
 struct Session {

@@ -1,0 +1,132 @@
+// Every metric lazykv exports, in one place. Naming rules (Prometheus'):
+//   - prefix lazykv_, snake_case;
+//   - counters end in _total;
+//   - a unit, when there is one, is the suffix before _total, in base units
+//     (_seconds, _bytes, _tokens); no abbreviations;
+//   - labels are low-cardinality: tier, worker, endpoint, type, code; never
+//     a request id or a prompt.
+// Tiers: "device" (tier 0, the budgeted KV cache), "host", "nvme".
+// docs/metrics.md describes each one; tests/unit/metrics checks the rules and
+// runs promtool over a fully populated registry.
+#pragma once
+
+#include <array>
+#include <span>
+#include <string_view>
+
+namespace lazykv::metrics {
+
+enum class MetricType { kCounter, kGauge, kHistogram };
+
+struct MetricDef {
+  std::string_view name;
+  MetricType type;
+  std::string_view help;
+  std::span<const std::string_view> label_names;
+  std::span<const double> buckets;  // histograms: upper bounds, increasing (+Inf is implied)
+};
+
+// Bucket layouts.
+inline constexpr double kLatencyBuckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                             0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
+inline constexpr double kRequestBuckets[] = {0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0};
+inline constexpr double kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+inline constexpr double kStepTokenBuckets[] = {1, 4, 16, 64, 256, 1024, 4096};
+
+// Label sets.
+inline constexpr std::string_view kNoLabels[] = {""};
+inline constexpr std::string_view kTierLabel[] = {"tier"};
+inline constexpr std::string_view kTransferLabels[] = {"src_tier", "dst_tier"};
+inline constexpr std::string_view kWorkerLabel[] = {"worker"};
+inline constexpr std::string_view kTypeLabel[] = {"type"};
+inline constexpr std::string_view kRequestLabels[] = {"endpoint", "code"};
+inline constexpr std::string_view kBuildLabels[] = {"version", "model"};
+
+constexpr std::span<const std::string_view> no_labels() { return std::span<const std::string_view>(kNoLabels, 0); }
+constexpr std::span<const double> no_buckets() { return {}; }
+
+// --- requests (coordinator) ---------------------------------------------------
+inline constexpr MetricDef kTimeToFirstToken{
+    "lazykv_time_to_first_token_seconds", MetricType::kHistogram,
+    "Time from a request's arrival to its first generated token.", no_labels(), kLatencyBuckets};
+inline constexpr MetricDef kInterTokenLatency{
+    "lazykv_inter_token_latency_seconds", MetricType::kHistogram,
+    "Time between consecutive generated tokens of one sequence.", no_labels(), kLatencyBuckets};
+inline constexpr MetricDef kRequestDuration{
+    "lazykv_request_duration_seconds", MetricType::kHistogram,
+    "End-to-end time of a generation request, arrival to last byte.", no_labels(), kRequestBuckets};
+inline constexpr MetricDef kRequestsRunning{
+    "lazykv_requests_running", MetricType::kGauge, "Sequences in the running batch.", no_labels(), no_buckets()};
+inline constexpr MetricDef kRequestsWaiting{
+    "lazykv_requests_waiting", MetricType::kGauge, "Sequences queued for admission.", no_labels(), no_buckets()};
+inline constexpr MetricDef kRequests{
+    "lazykv_requests_total", MetricType::kCounter, "HTTP API requests answered, by endpoint and status code.",
+    kRequestLabels, no_buckets()};
+inline constexpr MetricDef kPromptTokens{
+    "lazykv_prompt_tokens_total", MetricType::kCounter, "Prompt tokens admitted for prefill.", no_labels(),
+    no_buckets()};
+inline constexpr MetricDef kGenerationTokens{
+    "lazykv_generation_tokens_total", MetricType::kCounter, "Tokens generated.", no_labels(), no_buckets()};
+inline constexpr MetricDef kPreemptions{
+    "lazykv_preemptions_total", MetricType::kCounter,
+    "Running sequences preempted for lack of KV memory (requeued, recomputed on readmission).", no_labels(),
+    no_buckets()};
+inline constexpr MetricDef kErrors{
+    "lazykv_errors_total", MetricType::kCounter,
+    "Requests that ended in an error, by type (invalid_request, authentication, overloaded, cancelled, "
+    "worker, internal).",
+    kTypeLabel, no_buckets()};
+
+// --- KV memory and tiers --------------------------------------------------------
+inline constexpr MetricDef kKvSlots{
+    "lazykv_kv_slots", MetricType::kGauge, "Cached token slots (summed over layers and KV heads), by tier.",
+    kTierLabel, no_buckets()};
+inline constexpr MetricDef kKvBytes{
+    "lazykv_kv_bytes", MetricType::kGauge, "Bytes of KV memory in use, by tier.", kTierLabel, no_buckets()};
+inline constexpr MetricDef kKvCapacityBytes{
+    "lazykv_kv_capacity_bytes", MetricType::kGauge, "KV memory capacity, by tier.", kTierLabel, no_buckets()};
+inline constexpr MetricDef kEvictions{
+    "lazykv_evictions_total", MetricType::kCounter, "Token slots evicted from the device KV cache by the policy.",
+    no_labels(), no_buckets()};
+inline constexpr MetricDef kDemotions{
+    "lazykv_demotions_total", MetricType::kCounter, "Evicted token slots demoted to a lower tier.", no_labels(),
+    no_buckets()};
+inline constexpr MetricDef kPromotions{
+    "lazykv_promotions_total", MetricType::kCounter, "Token slots promoted back to the device KV cache.",
+    no_labels(), no_buckets()};
+inline constexpr MetricDef kPromotionHits{
+    "lazykv_promotion_hits_total", MetricType::kCounter,
+    "Promoted token slots that received attention after promotion.", no_labels(), no_buckets()};
+inline constexpr MetricDef kTransferBytes{
+    "lazykv_transfer_bytes_total", MetricType::kCounter, "Bytes moved between tiers.", kTransferLabels,
+    no_buckets()};
+inline constexpr MetricDef kTransferDuration{
+    "lazykv_transfer_duration_seconds", MetricType::kHistogram, "Time of one block transfer between tiers.",
+    kTransferLabels, kLatencyBuckets};
+
+// --- workers ---------------------------------------------------------------------
+inline constexpr MetricDef kStepDuration{
+    "lazykv_step_duration_seconds", MetricType::kHistogram, "Time of one scheduler step on a worker.",
+    kWorkerLabel, kLatencyBuckets};
+inline constexpr MetricDef kStepBatchSize{
+    "lazykv_step_batch_size", MetricType::kHistogram, "Sequences in one scheduler step.", kWorkerLabel,
+    kBatchBuckets};
+inline constexpr MetricDef kStepTokens{
+    "lazykv_step_tokens", MetricType::kHistogram, "Tokens (prefill and decode) in one scheduler step.",
+    kWorkerLabel, kStepTokenBuckets};
+inline constexpr MetricDef kWorkerUp{
+    "lazykv_worker_up", MetricType::kGauge, "1 while a worker answers heartbeats, 0 once it is declared dead.",
+    kWorkerLabel, no_buckets()};
+inline constexpr MetricDef kBuildInfo{
+    "lazykv_build_info", MetricType::kGauge, "Always 1; the labels name the version and the served model.",
+    kBuildLabels, no_buckets()};
+
+// Every metric, in exposition order.
+inline constexpr std::array<const MetricDef*, 24> kAllMetrics = {
+    &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
+    &kRequests,         &kPromptTokens,      &kGenerationTokens, &kPreemptions,    &kErrors,
+    &kKvSlots,          &kKvBytes,           &kKvCapacityBytes,  &kEvictions,      &kDemotions,
+    &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kStepDuration,
+    &kStepBatchSize,    &kStepTokens,        &kWorkerUp,         &kBuildInfo};
+
+}  // namespace lazykv::metrics

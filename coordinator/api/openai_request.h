@@ -1,0 +1,86 @@
+// OpenAI-compatible request bodies: /v1/completions and /v1/chat/completions
+// parsed and validated into one GenerationRequest. Every rejection is an
+// ApiError carrying the HTTP status, OpenAI's error type, the offending
+// parameter and a message a user can act on; nothing is half-parsed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "coordinator/chat/chat_template.h"
+#include "worker/policy/policy_config.h"
+
+namespace lazykv::api {
+
+// An error as OpenAI reports it: {"error": {"message", "type", "param", "code"}}.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string type, std::string message, std::string param = "", std::string code = "")
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+        code(std::move(code)) {}
+  int status;        // 400, 401, 404, 413, 429, 500, 503, ...
+  std::string type;  // "invalid_request_error", "authentication_error", "not_found_error", "server_error", ...
+  std::string param; // the request field at fault, or ""
+  std::string code;  // a machine-readable code ("context_length_exceeded", "model_not_found", ...), or ""
+};
+
+// A 400 invalid_request_error about `param`.
+ApiError invalid_request(std::string message, std::string param = "", std::string code = "");
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// One prompt of a completions request: text, or token ids given directly.
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
+};
+
+// What the server enforces while parsing (0: no limit).
+struct RequestLimits {
+  int32_t max_tokens_cap = 0;  // largest max_tokens accepted
+  int max_n = 16;              // largest n
+  int max_prompts = 16;        // largest batch of prompts in one completions request
+  int max_stop = 4;            // stop strings (OpenAI allows 4)
+};
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                   // required, non-empty
+  std::vector<Prompt> prompts;         // completions: >= 1 (a string, strings, ids, or lists of ids)
+  std::vector<ChatMessage> messages;   // chat: >= 1; content given as a string or as text parts
+  std::optional<int32_t> max_tokens;   // max_tokens (chat also max_completion_tokens); unset: up to the context
+  float temperature = 1.0f;            // [0, 2]
+  float top_p = 1.0f;                  // (0, 1]
+  int top_k = 0;                       // extension, >= 0 (0: off)
+  float min_p = 0.0f;                  // extension, [0, 1]
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;       // a string or an array of strings; empty strings dropped
+  int n = 1;                           // choices per prompt, [1, limits.max_n]
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage (only with stream)
+  // Log-probabilities. Completions: "logprobs": k (0..5) sets logprobs with
+  // top_logprobs = k. Chat: "logprobs": true plus "top_logprobs": 0..20.
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool echo = false;                   // completions: the prompt text is prepended to each choice
+  std::optional<PolicyConfig> kv_policy;  // extension "kv_policy": {"name": ..., params...}; unset: server default
+  std::string user;
+  // Top-level fields lazykv does not know, in order of appearance: ignored,
+  // so newer clients keep working; the server logs each name once.
+  std::vector<std::string> ignored_fields;
+};
+
+// Parse and validate a request body for `endpoint`. Throws ApiError (status
+// 400) for malformed JSON, a body that is not an object, invalid UTF-8 in any
+// string, missing or mistyped fields, values out of range, empty prompts or
+// messages, and features lazykv does not implement when they would change the
+// output (non-zero presence/frequency penalties, logit_bias, echo together
+// with logprobs, best_of != n, tools/functions, response_format other than
+// text). Unknown fields are not errors: they are listed in ignored_fields.
+GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits);
+
+}  // namespace lazykv::api

@@ -1,0 +1,74 @@
+// OpenAI-compatible response bodies: whole completions, streamed chunks
+// (the JSON of one SSE `data:` line), model lists and errors. Text is
+// always valid UTF-8 here (the stream decoder guarantees it).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/api/openai_request.h"
+
+namespace lazykv::api {
+
+struct TopLogprob {
+  std::string token;  // the token's text (its raw bytes; may be part of a UTF-8 character)
+  float logprob = 0;
+};
+
+// One generated token's log-probability with the most likely alternatives.
+struct TokenLogprob {
+  std::string token;
+  float logprob = 0;
+  std::vector<TopLogprob> top;  // most likely first, request.top_logprobs of them
+  int32_t text_offset = 0;      // completions: byte offset of the token in the choice's text
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+struct Choice {
+  int index = 0;
+  std::string text;               // the generated text (chat: the assistant message content)
+  std::string finish_reason;      // "stop" or "length"
+  std::vector<TokenLogprob> logprobs;
+  bool has_logprobs = false;      // the request asked for logprobs
+};
+
+// Identity of one response: "cmpl-..." or "chatcmpl-...", creation time (unix seconds), model name.
+struct ResponseMeta {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+};
+
+// A whole (non-streamed) response body.
+std::string completion_body(Endpoint endpoint, const ResponseMeta& meta, const std::vector<Choice>& choices,
+                            const Usage& usage);
+
+// One streamed chunk's JSON. Chat: the first chunk of a choice carries
+// role "assistant" (first_of_choice); the final one has an empty delta and the
+// finish reason. Completions: text plus finish_reason (null until the end).
+// With include_usage every chunk has "usage": null.
+struct ChunkDelta {
+  int index = 0;
+  std::string text;
+  bool first_of_choice = false;
+  std::optional<std::string> finish_reason;
+  std::vector<TokenLogprob> logprobs;
+  bool has_logprobs = false;
+};
+std::string chunk_body(Endpoint endpoint, const ResponseMeta& meta, const ChunkDelta& delta, bool include_usage);
+// The final usage chunk of a stream with include_usage: "choices": [] plus usage.
+std::string usage_chunk_body(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
+
+// GET /v1/models.
+std::string models_body(const std::vector<std::string>& model_ids, int64_t created);
+
+// {"error": {...}} for an ApiError.
+std::string error_body(const ApiError& error);
+
+}  // namespace lazykv::api

@@ -1,0 +1,350 @@
+#include "coordinator/scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/metrics/metric_names.h"
+#include "coordinator/tokenizer/stop_strings.h"
+
+namespace lazykv {
+
+using Clock = std::chrono::steady_clock;
+
+struct Scheduler::Sequence {
+  Sequence(uint64_t id, SequenceRequest r, std::shared_ptr<SequenceStream> stream, const Tokenizer& tokenizer)
+      : id(id), request(std::move(r)), stream(std::move(stream)), decoder(tokenizer),
+        stop(request.stop) {}
+  uint64_t id;
+  SequenceRequest request;
+  std::shared_ptr<SequenceStream> stream;
+  StreamDecoder decoder;
+  StopStringMatcher stop;
+  std::vector<int32_t> generated;
+  bool started = false;    // known to the worker
+  bool prefilled = false;  // its prompt (plus generated tokens, after a preemption) is cached
+  bool counted = false;    // prompt tokens counted in the metrics
+  bool done = false;
+  Clock::time_point last_token{};
+  // What the worker prefills: the prompt, plus what was generated before a preemption.
+  std::vector<int32_t> feed() const {
+    std::vector<int32_t> tokens = request.prompt;
+    tokens.insert(tokens.end(), generated.begin(), generated.end());
+    return tokens;
+  }
+};
+
+namespace {
+
+// KV bytes a new sequence needs for n tokens: whole pages in every layer and KV head.
+size_t kv_bytes_for(const WorkerInfo& info, size_t n_tokens) {
+  if (info.page_slots <= 0) return 0;
+  const size_t pages = (n_tokens + size_t(info.page_slots) - 1) / size_t(info.page_slots);
+  return pages * info.kv_page_bytes * size_t(info.n_layer) * size_t(info.n_head_kv);
+}
+
+}  // namespace
+
+Scheduler::Scheduler(StepExecutor& worker, const Tokenizer& tokenizer, metrics::Registry& metrics,
+                     const SchedulerOptions& options)
+    : worker_(worker), tokenizer_(tokenizer), metrics_(metrics), options_(options), info_(worker.info()) {
+  if (options_.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--max-batch must be >= 1");
+  if (options_.max_waiting < 0) throw Error(ErrorCode::kInvalidArgument, "--max-waiting must be >= 0");
+  metrics_.gauge(metrics::kKvCapacityBytes, {"device"}).set(double(info_.kv_capacity_bytes));
+  metrics_.gauge(metrics::kWorkerUp, {options_.worker_label}).set(1);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop("the server is shutting down"); }
+
+std::vector<SequenceHandle> Scheduler::submit(std::vector<SequenceRequest> requests) {
+  for (const SequenceRequest& r : requests) {
+    if (r.prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "the prompt is empty");
+    if (r.max_new_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "max_tokens must be >= 1");
+    const int64_t total = int64_t(r.prompt.size()) + r.max_new_tokens;
+    if (total > info_.n_ctx) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "this model's maximum context length is " + std::to_string(info_.n_ctx) + " tokens; the prompt has " +
+                      std::to_string(r.prompt.size()) + " tokens and max_tokens is " +
+                      std::to_string(r.max_new_tokens));
+    }
+    const size_t need = kv_bytes_for(info_, r.prompt.size() + 1);
+    if (info_.kv_capacity_bytes > 0 && need > info_.kv_capacity_bytes) {
+      throw Error(ErrorCode::kInvalidArgument, "the prompt of " + std::to_string(r.prompt.size()) + " tokens needs " +
+                                                   std::to_string(need) + " bytes of KV cache; the cache holds " +
+                                                   std::to_string(info_.kv_capacity_bytes));
+    }
+  }
+  std::vector<SequenceHandle> handles;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || draining_) throw Error(ErrorCode::kUnavailable, "the server is shutting down");
+    if (waiting_count_.load() + requests.size() > size_t(options_.max_waiting)) {
+      throw Error(ErrorCode::kUnavailable, "the queue is full (" + std::to_string(waiting_count_.load()) +
+                                               " sequences waiting); retry later");
+    }
+    auto stream = std::make_shared<SequenceStream>();
+    for (SequenceRequest& r : requests) {
+      auto seq = std::make_unique<Sequence>(next_id_++, std::move(r), stream, tokenizer_);
+      handles.push_back({seq->id, seq->stream});
+      inbox_.push_back(std::move(seq));
+    }
+    waiting_count_ += handles.size();
+  }
+  metrics_.gauge(metrics::kRequestsWaiting).set(double(waiting_count_.load()));
+  wake_.notify_all();
+  return handles;
+}
+
+void Scheduler::cancel(uint64_t id) {
+  {
+    std::lock_guard lock(mutex_);
+    cancels_.insert(id);
+  }
+  wake_.notify_all();
+}
+
+void Scheduler::drain() { draining_ = true; }
+
+bool Scheduler::wait_idle(Clock::time_point deadline) {
+  std::unique_lock lock(mutex_);
+  return idle_.wait_until(lock, deadline, [&] { return running_count_ == 0 && waiting_count_ == 0; });
+}
+
+void Scheduler::stop(const std::string& reason) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!stopping_) {
+      stopping_ = true;
+      stop_reason_ = reason;
+    }
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::finish(Sequence& seq, const std::string& reason, const std::string& error, bool unavailable) {
+  if (seq.done) return;
+  seq.done = true;
+  SequenceEvent event;
+  event.kind = SequenceEvent::Kind::kFinish;
+  event.sequence = seq.id;
+  if (reason == "stop" || reason == "length") {
+    if (!seq.stop.stopped()) {
+      event.text = seq.stop.push(seq.decoder.flush());  // in this order: push may hold text back for flush
+      event.text += seq.stop.flush();
+    }
+  }
+  event.finish_reason = reason;
+  event.error = error;
+  event.unavailable = unavailable;
+  event.prompt_tokens = int64_t(seq.request.prompt.size());
+  event.completion_tokens = int64_t(seq.generated.size());
+  seq.stream->push(std::move(event));
+  if (seq.started) pending_release_.push_back(SeqId(seq.id));
+  seq.started = false;
+  if (reason == "error") metrics_.counter(metrics::kErrors, {unavailable ? "unavailable" : "worker"}).inc();
+}
+
+void Scheduler::take_inbox() {
+  std::unordered_set<uint64_t> cancels;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& seq : inbox_) waiting_.push_back(std::move(seq));
+    inbox_.clear();
+    cancels.swap(cancels_);
+  }
+  if (cancels.empty()) return;
+  for (auto* list : {&running_}) {
+    for (auto& seq : *list) {
+      if (cancels.count(seq->id)) finish(*seq, "cancelled");
+    }
+  }
+  for (auto& seq : waiting_) {
+    if (cancels.count(seq->id)) finish(*seq, "cancelled");
+  }
+}
+
+void Scheduler::admit(StepPlan& plan) {
+  int32_t prefill = 0;
+  size_t bytes = kv_bytes_;
+  for (const auto& seq : running_) {
+    if (!seq->prefilled) prefill += int32_t(seq->feed().size());
+  }
+  while (!waiting_.empty() && int(running_.size()) < options_.max_batch) {
+    Sequence& next = *waiting_.front();
+    const std::vector<int32_t> feed = next.feed();
+    const size_t need = kv_bytes_for(info_, feed.size() + 1);
+    const bool alone = running_.empty();
+    // Memory and prefill limits, except that one sequence always runs.
+    if (!alone && info_.kv_capacity_bytes > 0 && bytes + need > info_.kv_capacity_bytes) break;
+    if (!alone && prefill + int32_t(feed.size()) > options_.max_prefill_tokens) break;
+    bytes += need;
+    prefill += int32_t(feed.size());
+    SequenceStart start;
+    start.seq = SeqId(next.id);
+    start.prompt = feed;
+    start.policy = next.request.policy;
+    start.sampling = next.request.sampling;
+    start.top_logprobs = next.request.top_logprobs;
+    plan.start.push_back(std::move(start));
+    next.started = true;
+    next.prefilled = false;
+    if (!next.counted) {
+      metrics_.counter(metrics::kPromptTokens).inc(double(next.request.prompt.size()));
+      next.counted = true;
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+void Scheduler::on_token(Sequence& seq, const SampledToken& sampled) {
+  const auto now = Clock::now();
+  if (seq.generated.empty()) {
+    metrics_.histogram(metrics::kTimeToFirstToken)
+        .observe(std::chrono::duration<double>(now - seq.request.arrival).count());
+  } else {
+    metrics_.histogram(metrics::kInterTokenLatency).observe(std::chrono::duration<double>(now - seq.last_token).count());
+  }
+  seq.last_token = now;
+  seq.generated.push_back(sampled.token);
+  metrics_.counter(metrics::kGenerationTokens).inc();
+  if (tokenizer_.is_end_of_generation(sampled.token)) {
+    finish(seq, "stop");
+    return;
+  }
+  SequenceEvent event;
+  event.kind = SequenceEvent::Kind::kToken;
+  event.sequence = seq.id;
+  event.text = seq.stop.push(seq.decoder.push(sampled.token));
+  event.token.id = sampled.token;
+  event.token.bytes = tokenizer_.token_bytes(sampled.token);
+  event.token.logprob = sampled.logprob;
+  for (const auto& [id, lp] : sampled.top) event.token.top.emplace_back(tokenizer_.token_bytes(id), lp);
+  seq.stream->push(std::move(event));
+  if (seq.stop.stopped()) {
+    finish(seq, "stop");
+  } else if (int32_t(seq.generated.size()) >= seq.request.max_new_tokens ||
+             int64_t(seq.request.prompt.size() + seq.generated.size()) >= info_.n_ctx) {
+    finish(seq, "length");
+  }
+}
+
+bool Scheduler::step_once() {
+  take_inbox();
+  // Sequences that ended (cancelled) while waiting leave the queue.
+  std::erase_if(waiting_, [](const auto& s) { return s->done; });
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+
+  StepPlan plan;
+  admit(plan);
+  plan.release.swap(pending_release_);
+  for (const auto& seq : running_) {
+    plan.items.push_back({SeqId(seq->id), seq->prefilled ? 0 : int32_t(seq->feed().size())});
+  }
+  update_gauges();
+  if (plan.items.empty() && plan.release.empty()) return false;
+
+  StepResult result;
+  try {
+    result = worker_.step(plan);
+  } catch (const std::exception& e) {
+    // The worker is broken: every running sequence ends with a clear error;
+    // the queue goes on (the next step may succeed).
+    for (auto& seq : running_) finish(*seq, "error", std::string("the worker failed: ") + e.what(), true);
+    running_.clear();
+    pending_release_.clear();
+    return true;
+  }
+  metrics_.histogram(metrics::kStepDuration, {options_.worker_label}).observe(result.seconds);
+  metrics_.histogram(metrics::kStepBatchSize, {options_.worker_label}).observe(double(plan.items.size()));
+  metrics_.histogram(metrics::kStepTokens, {options_.worker_label}).observe(double(result.batch_tokens));
+  kv_bytes_ = result.kv_bytes;
+  for (const auto& [id, why] : result.failed) {
+    for (auto& seq : running_) {
+      if (SeqId(seq->id) == id) {
+        seq->started = false;  // the worker dropped it
+        finish(*seq, "error", why);
+      }
+    }
+  }
+  if (result.out_of_memory) {
+    // Preempt the newest sequence (recompute later), or fail the last one.
+    if (running_.size() == 1) {
+      finish(*running_.front(), "error",
+             "the sequence needs more KV memory than the cache holds (" + std::to_string(info_.kv_capacity_bytes) +
+                 " bytes)");
+    } else if (!running_.empty()) {
+      std::unique_ptr<Sequence> victim = std::move(running_.back());
+      running_.pop_back();
+      if (victim->started) pending_release_.push_back(SeqId(victim->id));
+      victim->started = false;
+      victim->prefilled = false;
+      waiting_.push_front(std::move(victim));
+      metrics_.counter(metrics::kPreemptions).inc();
+    }
+    return true;
+  }
+  metrics_.counter(metrics::kEvictions).inc(double(result.evicted_slots));
+  metrics_.gauge(metrics::kKvSlots, {"device"}).set(double(result.kv_slots));
+  metrics_.gauge(metrics::kKvBytes, {"device"}).set(double(result.kv_bytes));
+  for (const SampledToken& sampled : result.tokens) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return SeqId(s->id) == sampled.seq; });
+    if (it == running_.end() || (*it)->done) continue;
+    Sequence& seq = **it;
+    if (sampled.token < 0) continue;  // a prefill chunk
+    seq.prefilled = true;
+    on_token(seq, sampled);
+  }
+  return true;
+}
+
+void Scheduler::update_gauges() {
+  size_t waiting = 0;
+  {
+    std::lock_guard lock(mutex_);
+    waiting = waiting_.size() + inbox_.size();
+    waiting_count_ = waiting;
+    running_count_ = running_.size();
+  }
+  metrics_.gauge(metrics::kRequestsWaiting).set(double(waiting));
+  metrics_.gauge(metrics::kRequestsRunning).set(double(running_.size()));
+  if (running_.empty() && waiting == 0) idle_.notify_all();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] {
+        return stopping_ || !inbox_.empty() || !cancels_.empty() || !running_.empty() || !waiting_.empty() ||
+               !pending_release_.empty();
+      });
+      if (stopping_) break;
+    }
+    step_once();
+  }
+  // Stopping: every sequence still here ends with an error; the worker drops them all.
+  take_inbox();
+  std::string reason;
+  {
+    std::lock_guard lock(mutex_);
+    reason = stop_reason_;
+  }
+  for (auto& seq : running_) finish(*seq, "error", reason, true);
+  for (auto& seq : waiting_) finish(*seq, "error", reason, true);
+  running_.clear();
+  waiting_.clear();
+  if (!pending_release_.empty()) {
+    StepPlan plan;
+    plan.release.swap(pending_release_);
+    try {
+      worker_.step(plan);
+    } catch (const std::exception&) {
+      // The worker is gone anyway.
+    }
+  }
+  update_gauges();
+}
+
+}  // namespace lazykv

@@ -1,0 +1,127 @@
+// Continuous batching. One thread runs steps: each step it drops finished and
+// cancelled sequences, admits waiting ones (FIFO) while the KV memory allows,
+// sends one StepPlan to the worker and turns the sampled tokens into text
+// events (detokenized, stop strings applied) on each sequence's stream.
+//
+// Memory: admission is optimistic (the KV bytes in use, plus the newcomer's
+// prompt, must fit the capacity). When a step finds the cache full, the most
+// recently admitted sequence is preempted by recompute: its KV is dropped and
+// it goes back to the head of the queue with its generated tokens appended to
+// its prompt. Recompute, not demotion, because this build has no host tier
+// to demote to (the kvstore lands with the tiered KV work) and a prefill of a
+// few thousand tokens costs less than an eviction-visible swap. With an
+// evicting policy the recomputed cache is rebuilt from the new prompt, so the
+// continuation can differ from an uninterrupted run; full KV is exact.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "common/metrics/registry.h"
+#include "coordinator/scheduler/sequence_stream.h"
+#include "coordinator/tokenizer/tokenizer.h"
+#include "worker/step_executor.h"
+
+namespace lazykv {
+
+struct SchedulerOptions {
+  int max_batch = 32;                // sequences in one step
+  int max_waiting = 256;             // queued sequences; beyond it submit() throws kUnavailable
+  int32_t max_prefill_tokens = 4096; // prompt tokens admitted per step (at least one prompt)
+  std::string worker_label = "0";    // the `worker` label of step metrics
+};
+
+struct SequenceRequest {
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens = 16;
+  SamplingParams sampling;
+  PolicyConfig policy;
+  int top_logprobs = -1;  // -1: none
+  std::vector<std::string> stop;
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+};
+
+struct SequenceHandle {
+  uint64_t id = 0;
+  std::shared_ptr<SequenceStream> stream;
+};
+
+class Scheduler {
+ public:
+  Scheduler(StepExecutor& worker, const Tokenizer& tokenizer, metrics::Registry& metrics,
+            const SchedulerOptions& options);
+  ~Scheduler();  // stop("the server is shutting down")
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues sequences together (all or none); their events share one stream. Throws Error(kInvalidArgument)
+  // for one that can never run (empty prompt, prompt plus max_new_tokens
+  // beyond the context, a prompt larger than the whole KV capacity) and
+  // Error(kUnavailable) when the queue is full or the scheduler is draining.
+  std::vector<SequenceHandle> submit(std::vector<SequenceRequest> requests);
+  // Ends a waiting or running sequence with finish_reason "cancelled" and
+  // frees its KV at the next step. Unknown or finished ids are ignored.
+  void cancel(uint64_t id);
+
+  // Stops admitting new submissions (they get kUnavailable); queued and
+  // running sequences go on.
+  void drain();
+  bool draining() const { return draining_.load(); }
+  // Waits until nothing is queued or running, or the deadline; true if idle.
+  bool wait_idle(std::chrono::steady_clock::time_point deadline);
+  // Ends every queued and running sequence with an error (unavailable) and
+  // stops the step thread. Idempotent.
+  void stop(const std::string& reason);
+
+  size_t running() const { return running_count_.load(); }
+  size_t waiting() const { return waiting_count_.load(); }
+  const WorkerInfo& worker_info() const { return info_; }
+
+ private:
+  struct Sequence;
+  void loop();
+  bool step_once();  // false when there was nothing to do
+  void take_inbox();
+  void admit(StepPlan& plan);
+  void finish(Sequence& seq, const std::string& reason, const std::string& error = "", bool unavailable = false);
+  void on_token(Sequence& seq, const SampledToken& sampled);
+  void update_gauges();
+
+  StepExecutor& worker_;
+  const Tokenizer& tokenizer_;
+  metrics::Registry& metrics_;
+  SchedulerOptions options_;
+  WorkerInfo info_;
+
+  // Shared with request threads.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::vector<std::unique_ptr<Sequence>> inbox_;
+  std::unordered_set<uint64_t> cancels_;
+  bool stopping_ = false;
+  std::string stop_reason_;
+  uint64_t next_id_ = 1;
+  std::atomic<bool> draining_{false};
+  std::atomic<size_t> running_count_{0};
+  std::atomic<size_t> waiting_count_{0};
+
+  // Owned by the step thread.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<SeqId> pending_release_;
+  size_t kv_bytes_ = 0;  // in use after the last step
+
+  std::thread thread_;
+};
+
+}  // namespace lazykv

@@ -1,0 +1,418 @@
+#include "coordinator/server/openai_service.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/metrics/metric_names.h"
+#include "coordinator/api/openai_response.h"
+
+namespace lazykv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// How often a request thread waiting for tokens checks that its client is still there.
+constexpr auto kClientPoll = std::chrono::milliseconds(100);
+
+std::string endpoint_name(api::Endpoint endpoint) {
+  return endpoint == api::Endpoint::kChatCompletions ? "chat_completions" : "completions";
+}
+
+uint64_t random_u64() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+std::string response_id(api::Endpoint endpoint) {
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(random_u64()),
+                static_cast<unsigned long long>(random_u64()));
+  return (endpoint == api::Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + std::string(hex, 24);
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
+
+// The metrics `type` of an error status.
+std::string error_type(int status) {
+  switch (status) {
+    case 401: return "authentication";
+    case 429: return "rate_limited";
+    case 503: return "overloaded";
+    default: return status >= 500 ? "internal" : "invalid_request";
+  }
+}
+
+api::TokenLogprob to_api(const TokenInfo& token, int32_t offset) {
+  api::TokenLogprob out;
+  out.token = token.bytes;
+  out.logprob = token.logprob;
+  out.text_offset = offset;
+  for (const auto& [bytes, lp] : token.top) out.top.push_back({bytes, lp});
+  return out;
+}
+
+// Holds one in-flight slot of an API key for the request's lifetime.
+class KeySlot {
+ public:
+  KeySlot(std::mutex& mutex, std::map<std::string, int>& per_key, const std::string& key, int limit)
+      : mutex_(mutex), per_key_(per_key), key_(key) {
+    if (limit <= 0) return;
+    std::lock_guard lock(mutex_);
+    if (per_key_[key_] >= limit) {
+      throw api::ApiError(429, "rate_limit_error",
+                          "too many concurrent requests for this API key (the limit is " + std::to_string(limit) + ")",
+                          "", "rate_limit_exceeded");
+    }
+    ++per_key_[key_];
+    held_ = true;
+  }
+  ~KeySlot() {
+    if (!held_) return;
+    std::lock_guard lock(mutex_);
+    if (--per_key_[key_] == 0) per_key_.erase(key_);
+  }
+  KeySlot(const KeySlot&) = delete;
+  KeySlot& operator=(const KeySlot&) = delete;
+
+ private:
+  std::mutex& mutex_;
+  std::map<std::string, int>& per_key_;
+  std::string key_;
+  bool held_ = false;
+};
+
+}  // namespace
+
+OpenAiService::OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics,
+                             ServiceConfig config)
+    : tokenizer_(tokenizer), prompts_(tokenizer), scheduler_(scheduler), metrics_(metrics), config_(std::move(config)) {
+  metrics_.gauge(metrics::kBuildInfo, {config_.version, config_.model_id}).set(1);
+}
+
+void OpenAiService::count(const std::string& endpoint, int status) {
+  metrics_.counter(metrics::kRequests, {endpoint, std::to_string(status)}).inc();
+  if (status >= 400 && status != 499) metrics_.counter(metrics::kErrors, {error_type(status)}).inc();
+}
+
+void OpenAiService::send_error(http::ResponseWriter& out, const api::ApiError& error, const std::string& endpoint,
+                               const http::Headers& extra) {
+  count(endpoint, error.status);
+  out.send(error.status, "application/json", api::error_body(error), extra);
+}
+
+std::string OpenAiService::authenticate(const http::Request& request) const {
+  if (config_.api_keys.empty()) return "";
+  const std::string_view auth = request.header("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (auth.substr(0, kBearer.size()) == kBearer) {
+    const std::string key(auth.substr(kBearer.size()));
+    for (const std::string& k : config_.api_keys) {
+      if (k == key) return key;
+    }
+  }
+  throw api::ApiError(401, "authentication_error",
+                      auth.empty() ? "missing API key: send the header 'Authorization: Bearer <key>'"
+                                   : "incorrect API key provided",
+                      "", "invalid_api_key");
+}
+
+void OpenAiService::log_ignored_fields(const std::vector<std::string>& fields) {
+  std::lock_guard lock(mutex_);
+  for (const std::string& f : fields) {
+    if (logged_fields_.size() < 256 && logged_fields_.insert(f).second) {
+      std::fprintf(stderr, "lazykv serve: ignoring the unknown request field '%s' (logged once)\n", f.c_str());
+    }
+  }
+}
+
+void OpenAiService::handle(const http::Request& request, http::ResponseWriter& out) {
+  const std::string& path = request.path;
+  const bool get = request.method == "GET" || request.method == "HEAD";
+  const auto method_not_allowed = [&](const std::string& endpoint, const char* allowed) {
+    send_error(out, api::ApiError(405, "invalid_request_error",
+                                  "method " + request.method + " is not allowed on " + path + " (use " + allowed + ")"),
+               endpoint, {{"Allow", allowed}});
+  };
+  try {
+    if (path == "/health") {
+      if (!get) return method_not_allowed("health", "GET");
+      count("health", 200);
+      out.send(200, "application/json", R"({"status":"ok"})");
+    } else if (path == "/ready") {
+      if (!get) return method_not_allowed("ready", "GET");
+      const bool ready = ready_ && !scheduler_.draining();
+      count("ready", ready ? 200 : 503);
+      out.send(ready ? 200 : 503, "application/json", ready ? R"({"status":"ready"})" : R"({"status":"not ready"})");
+    } else if (path == "/metrics") {
+      if (!get) return method_not_allowed("metrics", "GET");
+      count("metrics", 200);
+      out.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render());
+    } else if (path == "/v1/models" || path.starts_with("/v1/models/")) {
+      if (!get) return method_not_allowed("models", "GET");
+      authenticate(request);
+      if (path == "/v1/models") {
+        count("models", 200);
+        out.send(200, "application/json", api::models_body({config_.model_id}, unix_now()));
+        return;
+      }
+      const std::string id = path.substr(std::string("/v1/models/").size());
+      if (id != config_.model_id) {
+        throw api::ApiError(404, "invalid_request_error", "The model '" + id + "' does not exist", "model",
+                            "model_not_found");
+      }
+      const nlohmann::json model = {
+          {"id", config_.model_id}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "lazykv"}};
+      count("models", 200);
+      out.send(200, "application/json", model.dump());
+    } else if (path == "/v1/completions" || path == "/v1/chat/completions") {
+      const api::Endpoint endpoint =
+          path == "/v1/completions" ? api::Endpoint::kCompletions : api::Endpoint::kChatCompletions;
+      if (request.method != "POST") return method_not_allowed(endpoint_name(endpoint), "POST");
+      generate(endpoint, request, out);
+    } else {
+      send_error(out,
+                 api::ApiError(404, "invalid_request_error", "Unknown request URL: " + request.method + " " + path, "",
+                               "unknown_url"),
+                 "unknown");
+    }
+  } catch (const api::ApiError& e) {
+    send_error(out, e, "other");
+  }
+}
+
+void OpenAiService::generate(api::Endpoint endpoint, const http::Request& request, http::ResponseWriter& out) {
+  const auto arrival = Clock::now();
+  const std::string ep = endpoint_name(endpoint);
+  const bool chat = endpoint == api::Endpoint::kChatCompletions;
+  ++in_flight_;
+  struct InFlight {
+    std::atomic<int>& n;
+    ~InFlight() { --n; }
+  } in_flight{in_flight_};
+
+  api::GenerationRequest r;
+  std::vector<std::string> prompt_texts;  // for echo
+  std::vector<SequenceHandle> handles;
+  std::optional<KeySlot> slot;
+  try {
+    const std::string key = authenticate(request);
+    slot.emplace(mutex_, per_key_, key, config_.max_concurrent_per_key);
+    r = api::parse_generation_request(endpoint, request.body, config_.limits);
+    log_ignored_fields(r.ignored_fields);
+    if (r.model != config_.model_id) {
+      throw api::ApiError(404, "invalid_request_error",
+                          "The model '" + r.model + "' does not exist; this server serves '" + config_.model_id + "'",
+                          "model", "model_not_found");
+    }
+
+    std::vector<std::vector<int32_t>> prompts;
+    try {
+      if (chat) {
+        prompts.push_back(prompts_.encode_chat(r.messages));
+      } else {
+        for (const api::Prompt& p : r.prompts) {
+          if (p.is_tokens) {
+            for (int32_t id : p.tokens) {
+              if (id < 0 || id >= tokenizer_.n_vocab()) {
+                throw api::invalid_request("token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                               std::to_string(tokenizer_.n_vocab()) + " tokens",
+                                           "prompt");
+              }
+            }
+            prompts.push_back(p.tokens);
+            prompt_texts.push_back(tokenizer_.decode(p.tokens));
+          } else {
+            prompts.push_back(prompts_.encode_text(p.text));
+            prompt_texts.push_back(p.text);
+          }
+        }
+      }
+    } catch (const Error& e) {
+      throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
+    }
+
+    const int32_t n_ctx = scheduler_.worker_info().n_ctx;
+    std::vector<SequenceRequest> sequences;
+    for (const std::vector<int32_t>& prompt : prompts) {
+      const int32_t len = int32_t(prompt.size());
+      int32_t max_tokens = 0;
+      if (r.max_tokens) {
+        max_tokens = *r.max_tokens;
+      } else {
+        max_tokens = chat ? n_ctx - len : std::min(config_.completions_default_max_tokens, n_ctx - len);
+        if (config_.limits.max_tokens_cap > 0) max_tokens = std::min(max_tokens, config_.limits.max_tokens_cap);
+      }
+      if (len >= n_ctx || int64_t(len) + max_tokens > n_ctx) {
+        throw api::invalid_request("This model's maximum context length is " + std::to_string(n_ctx) +
+                                       " tokens. However, you requested " + std::to_string(int64_t(len) + max_tokens) +
+                                       " tokens (" + std::to_string(len) + " in the " + (chat ? "messages" : "prompt") +
+                                       ", " + std::to_string(max_tokens) +
+                                       " in the completion). Please reduce the length of the " +
+                                       (chat ? "messages" : "prompt") + " or completion.",
+                                   chat ? "messages" : "prompt", "context_length_exceeded");
+      }
+      for (int j = 0; j < r.n; ++j) {
+        SequenceRequest s;
+        s.prompt = prompt;
+        s.max_new_tokens = max_tokens;
+        s.sampling.temperature = r.temperature;
+        s.sampling.top_p = r.top_p;
+        s.sampling.top_k = r.top_k;
+        s.sampling.min_p = r.min_p;
+        // Each choice its own stream of random numbers, reproducible from the seed.
+        s.sampling.seed = r.seed ? *r.seed + uint64_t(sequences.size()) : random_u64();
+        s.policy = r.kv_policy ? *r.kv_policy : config_.default_policy;
+        s.top_logprobs = r.logprobs ? r.top_logprobs : -1;
+        s.stop = r.stop;
+        s.arrival = arrival;
+        sequences.push_back(std::move(s));
+      }
+    }
+    try {
+      handles = scheduler_.submit(std::move(sequences));
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) {
+        send_error(out, api::ApiError(503, "server_error", e.what(), "", "overloaded"), ep, {{"Retry-After", "1"}});
+        return;
+      }
+      throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
+    }
+  } catch (const api::ApiError& e) {
+    send_error(out, e, ep);
+    return;
+  }
+
+  // Answer from the sequences' events.
+  std::map<uint64_t, size_t> index_of;
+  for (size_t i = 0; i < handles.size(); ++i) index_of[handles[i].id] = i;
+  const std::shared_ptr<SequenceStream> stream = handles.front().stream;
+  const auto cancel_all = [&] {
+    for (const SequenceHandle& h : handles) scheduler_.cancel(h.id);
+  };
+  const api::ResponseMeta meta{response_id(endpoint), unix_now(), config_.model_id};
+  std::vector<api::Choice> choices(handles.size());
+  std::vector<bool> done(handles.size(), false);
+  size_t n_done = 0;
+  api::Usage usage;
+  std::vector<int64_t> prompt_counted(handles.size(), 0);
+  std::optional<api::ApiError> failure;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    choices[i].index = int(i);
+    choices[i].has_logprobs = r.logprobs;
+    if (r.echo) choices[i].text = prompt_texts[i / size_t(r.n)];
+  }
+
+  const bool streaming = r.stream;
+  bool client_gone = false;
+  const auto write = [&](const std::string& data) {
+    if (!client_gone && !out.write_chunk(sse(data))) client_gone = true;
+    return !client_gone;
+  };
+  if (streaming) {
+    if (!out.start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) client_gone = true;
+    for (size_t i = 0; i < choices.size() && !client_gone; ++i) {
+      if (chat) {
+        api::ChunkDelta first;
+        first.index = int(i);
+        first.first_of_choice = true;
+        write(api::chunk_body(endpoint, meta, first, r.include_usage));
+      } else if (r.echo) {
+        api::ChunkDelta echo;
+        echo.index = int(i);
+        echo.text = choices[i].text;
+        write(api::chunk_body(endpoint, meta, echo, r.include_usage));
+      }
+    }
+  }
+
+  while (n_done < handles.size() && !client_gone) {
+    std::vector<SequenceEvent> events = stream->wait(kClientPoll);
+    if (events.empty()) {
+      if (out.client_gone()) client_gone = true;
+      continue;
+    }
+    for (SequenceEvent& e : events) {
+      const size_t i = index_of.at(e.sequence);
+      api::Choice& choice = choices[i];
+      if (e.kind == SequenceEvent::Kind::kToken) {
+        api::TokenLogprob lp = to_api(e.token, int32_t(choice.text.size()));
+        if (r.logprobs) choice.logprobs.push_back(lp);
+        choice.text += e.text;
+        if (streaming && (!e.text.empty() || r.logprobs)) {
+          api::ChunkDelta delta;
+          delta.index = int(i);
+          delta.text = e.text;
+          delta.has_logprobs = r.logprobs;
+          if (r.logprobs) delta.logprobs.push_back(lp);
+          write(api::chunk_body(endpoint, meta, delta, r.include_usage));
+        }
+        continue;
+      }
+      // The sequence finished.
+      done[i] = true;
+      ++n_done;
+      usage.completion_tokens += e.completion_tokens;
+      if (i % size_t(r.n) == 0) usage.prompt_tokens += e.prompt_tokens;  // each prompt once
+      if (e.finish_reason == "error" || e.finish_reason == "cancelled") {
+        if (!failure) {
+          failure = e.unavailable ? api::ApiError(503, "server_error", e.error, "", "unavailable")
+                                  : api::ApiError(500, "server_error",
+                                                  e.error.empty() ? "the sequence was cancelled" : e.error);
+        }
+        continue;
+      }
+      choice.text += e.text;
+      choice.finish_reason = e.finish_reason;
+      if (streaming) {
+        api::ChunkDelta last;
+        last.index = int(i);
+        if (chat && !e.text.empty()) {
+          last.text = e.text;
+          write(api::chunk_body(endpoint, meta, last, r.include_usage));
+          last.text.clear();
+        } else {
+          last.text = e.text;
+        }
+        last.finish_reason = e.finish_reason;
+        write(api::chunk_body(endpoint, meta, last, r.include_usage));
+      }
+    }
+    if (failure) break;
+  }
+
+  if (client_gone || failure) cancel_all();
+  const double seconds = std::chrono::duration<double>(Clock::now() - arrival).count();
+  metrics_.histogram(metrics::kRequestDuration).observe(seconds);
+  if (client_gone) {
+    count(ep, 499);  // nginx's "client closed request"
+    metrics_.counter(metrics::kErrors, {"cancelled"}).inc();
+    return;
+  }
+  if (streaming) {
+    if (failure) {
+      count(ep, failure->status);
+      write(api::error_body(*failure));
+    } else {
+      count(ep, 200);
+      if (r.include_usage) write(api::usage_chunk_body(endpoint, meta, usage));
+    }
+    write("[DONE]");
+    out.end_stream();
+    return;
+  }
+  if (failure) {
+    send_error(out, *failure, ep, failure->status == 503 ? http::Headers{{"Retry-After", "1"}} : http::Headers{});
+    return;
+  }
+  count(ep, 200);
+  out.send(200, "application/json", api::completion_body(endpoint, meta, choices, usage));
+}
+
+}  // namespace lazykv

@@ -1,0 +1,66 @@
+// The HTTP API of the coordinator: OpenAI's /v1/completions,
+// /v1/chat/completions (whole or streamed as server-sent events) and
+// /v1/models, plus /health, /ready and /metrics. It validates, applies the
+// chat template, tokenizes, queues the sequences on the scheduler and turns
+// their events into responses. A client that goes away cancels its sequences.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/metrics/registry.h"
+#include "coordinator/api/openai_request.h"
+#include "coordinator/http/http_server.h"
+#include "coordinator/scheduler/scheduler.h"
+#include "coordinator/server/prompt_encoder.h"
+
+namespace lazykv {
+
+struct ServiceConfig {
+  std::string model_id;                  // the name clients pass as "model"
+  std::vector<std::string> api_keys;     // empty: no authentication
+  int max_concurrent_per_key = 0;        // requests in flight per API key; 0: unlimited
+  api::RequestLimits limits;
+  PolicyConfig default_policy = make_policy_config("full");  // when a request names no kv_policy
+  int32_t completions_default_max_tokens = 16;  // OpenAI's default for /v1/completions
+  std::string version;
+};
+
+class OpenAiService {
+ public:
+  OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config);
+
+  // The http::Handler.
+  void handle(const http::Request& request, http::ResponseWriter& out);
+
+  // /ready answers 200 only while ready (model loaded, not draining).
+  void set_ready(bool ready) { ready_ = ready; }
+  // Requests being answered now (generation endpoints).
+  int in_flight() const { return in_flight_.load(); }
+
+ private:
+  void generate(api::Endpoint endpoint, const http::Request& request, http::ResponseWriter& out);
+  void send_error(http::ResponseWriter& out, const api::ApiError& error, const std::string& endpoint,
+                  const http::Headers& extra = {});
+  void count(const std::string& endpoint, int status);
+  // Throws ApiError(401) without a valid key; returns the key ("" when keys are off).
+  std::string authenticate(const http::Request& request) const;
+  void log_ignored_fields(const std::vector<std::string>& fields);
+
+  const Tokenizer& tokenizer_;
+  PromptEncoder prompts_;
+  Scheduler& scheduler_;
+  metrics::Registry& metrics_;
+  ServiceConfig config_;
+  std::atomic<bool> ready_{true};
+  std::atomic<int> in_flight_{0};
+  std::mutex mutex_;
+  std::map<std::string, int> per_key_;  // in-flight requests per API key
+  std::set<std::string> logged_fields_;
+};
+
+}  // namespace lazykv

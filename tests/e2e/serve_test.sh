@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# End to end: `lazykv serve` on the default model, on loopback, driven by real
+# clients: curl, the official OpenAI Python client (LAZYKV_E2E_PYTHON, a venv
+# made by scripts/setup.sh), promtool and a real Prometheus server.
+#   usage: serve_test.sh LAZYKV_BINARY
+# Needs LAZYKV_DEFAULT_MODEL (set by scripts/test.sh). Exits 77 (skipped) when
+# the default model is not there.
+set -uo pipefail
+bin=$1
+[ -f "${LAZYKV_DEFAULT_MODEL:-}" ] || { echo "skipped: LAZYKV_DEFAULT_MODEL is not set"; exit 77; }
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+pass() { echo "ok: $*"; }
+fail() { echo "FAILED: $*" >&2; failures=$((failures + 1)); }
+check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+
+# Starts a server with extra flags; sets $url and $server_pid.
+start_server() {
+  local log=$work/serve.$RANDOM.log
+  "$bin" serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --kv-cache-mib 256 "$@" >"$log" 2>&1 &
+  server_pid=$!
+  pids+=("$server_pid")
+  url=""
+  for _ in $(seq 1 300); do
+    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -1 | sed 's/listening on //')
+    [ -n "$url" ] && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  server_log=$log
+  [ -n "$url" ] || { cat "$log" >&2; echo "FAILED: the server did not start" >&2; exit 1; }
+}
+json_get() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1], {'d': d}))" "$1"; }
+status_of() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
+
+start_server
+model=$(curl -sf "$url/v1/models" | json_get 'd["data"][0]["id"]')
+check "GET /v1/models names a model ($model)" test -n "$model"
+check "GET /health" test "$(status_of "$url/health")" = 200
+check "GET /ready" test "$(status_of "$url/ready")" = 200
+check "unknown path -> 404" test "$(status_of "$url/v1/nope")" = 404
+check "GET on a POST endpoint -> 405" test "$(status_of "$url/v1/completions")" = 405
+
+# Generation with curl, whole and streamed.
+chat_body='{"model": "'$model'", "messages": [{"role": "user", "content": "What is 12*7?"}], "max_tokens": 24, "temperature": 0}'
+code=$(status_of "$url/v1/chat/completions" -H 'Content-Type: application/json' -d "$chat_body")
+check "chat completion -> 200" test "$code" = 200
+whole=$(json_get 'd["choices"][0]["message"]["content"]' <"$work/body")
+check "chat completion has content" test -n "$whole"
+curl -sN "$url/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d "${chat_body%\}}, \"stream\": true}" >"$work/stream"
+check "stream ends with [DONE]" test "$(grep '^data: ' "$work/stream" | tail -1)" = "data: [DONE]"
+streamed=$(grep '^data: {' "$work/stream" | sed 's/^data: //' |
+  /usr/bin/python3 -c "import json,sys; print(''.join((c['choices'][0]['delta'].get('content') or '') for c in map(json.loads, sys.stdin) if c['choices']))")
+check "streamed text equals the whole response" test "$streamed" = "$whole"
+code=$(status_of "$url/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "'$model'", "prompt": "Once upon a time", "max_tokens": 8, "kv_policy": {"name": "lazy", "budget": 16, "window": 4}}')
+check "completion with kv_policy -> 200" test "$code" = 200
+
+# Bad input: a clear 4xx each, and the server keeps serving.
+bad() {  # expected-status what body
+  local expected=$1 what=$2 body=$3 code
+  code=$(status_of "$url/v1/chat/completions" -H 'Content-Type: application/json' --data-binary "$body")
+  if [ "$code" = "$expected" ] && json_get 'd["error"]["message"]' <"$work/body" >/dev/null; then
+    pass "$what -> $code: $(json_get 'd["error"]["message"]' <"$work/body" | cut -c1-120)"
+  else
+    fail "$what: expected $expected, got $code: $(head -c 300 "$work/body")"
+  fi
+}
+bad 400 "malformed JSON" '{"model": '
+bad 400 "not an object" '[1, 2]'
+bad 400 "wrong type" '{"model": "'$model'", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}'
+bad 400 "out of range" '{"model": "'$model'", "messages": [{"role": "user", "content": "x"}], "temperature": 7}'
+bad 400 "empty messages" '{"model": "'$model'", "messages": []}'
+bad 400 "empty content" '{"model": "'$model'", "messages": [{"role": "user"}]}'
+bad 400 "unknown policy" '{"model": "'$model'", "messages": [{"role": "user", "content": "x"}], "kv_policy": {"name": "magic"}}'
+bad 400 "bad policy value" '{"model": "'$model'", "messages": [{"role": "user", "content": "x"}], "kv_policy": {"name": "lazy", "budget": -3}}'
+bad 400 "context overflow" '{"model": "'$model'", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100000000}'
+bad 404 "unknown model" '{"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}'
+printf '{"model": "%s", "messages": [{"role": "user", "content": "\xff\xfe"}]}' "$model" >"$work/bad_utf8"
+bad 400 "invalid UTF-8" "$(cat "$work/bad_utf8")"
+head -c 5000000 /dev/zero | tr '\0' 'a' >"$work/huge"
+code=$(status_of "$url/v1/completions" -H 'Content-Type: application/json' --data-binary @"$work/huge")
+check "oversize body -> 413 ($code)" test "$code" = 413
+code=$(status_of "$url/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "'$model'", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "some_future_field": 1}')
+check "unknown fields are ignored -> 200" test "$code" = 200
+check "the unknown field is logged once" test "$(grep -c "some_future_field" "$server_log")" = 1
+
+# A client that goes away cancels its sequence and frees its KV.
+curl -sN "$url/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "'$model'", "prompt": "Tell a long story.", "max_tokens": 2000, "stream": true, "kv_policy": {"name": "full"}}' \
+  >"$work/cut" &
+cut_pid=$!
+for _ in $(seq 1 100); do grep -q '^data: {' "$work/cut" 2>/dev/null && break; sleep 0.1; done
+kill "$cut_pid" 2>/dev/null; wait "$cut_pid" 2>/dev/null
+idle=""
+for _ in $(seq 1 100); do
+  m=$(curl -s "$url/metrics")
+  if grep -q '^lazykv_requests_running 0$' <<<"$m" && grep -q '^lazykv_kv_bytes{tier="device"} 0$' <<<"$m"; then idle=1; break; fi
+  sleep 0.1
+done
+check "a disconnected stream is cancelled and its KV freed" test -n "$idle"
+check "the cancellation is counted" grep -q 'lazykv_errors_total{type="cancelled"} [1-9]' <<<"$(curl -s "$url/metrics")"
+
+# Metrics: promtool's checks, then a real Prometheus scrape.
+curl -s "$url/metrics" >"$work/metrics"
+check "promtool check metrics" sh -c "promtool check metrics <'$work/metrics'"
+for name in lazykv_time_to_first_token_seconds_bucket lazykv_inter_token_latency_seconds_count \
+  lazykv_request_duration_seconds_sum lazykv_requests_waiting lazykv_prompt_tokens_total \
+  lazykv_generation_tokens_total 'lazykv_kv_bytes{tier="device"}' 'lazykv_step_duration_seconds_count{worker="0"}'; do
+  check "metric $name exported" grep -qF "$name" "$work/metrics"
+done
+prom_port=$((20000 + RANDOM % 20000))
+cat >"$work/prometheus.yml" <<EOF
+global: {scrape_interval: 1s}
+scrape_configs:
+  - job_name: lazykv
+    static_configs: [{targets: ["${url#http://}"]}]
+EOF
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+  --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+pids+=($!)
+series=""
+for _ in $(seq 1 60); do
+  series=$(curl -s "http://127.0.0.1:$prom_port/api/v1/query?query=lazykv_generation_tokens_total" |
+    json_get 'd["data"]["result"][0]["value"][1]' 2>/dev/null)
+  [ -n "$series" ] && break
+  sleep 1
+done
+check "Prometheus scraped lazykv_generation_tokens_total = $series" test -n "$series" -a "${series:-0}" != 0
+up=$(curl -s "http://127.0.0.1:$prom_port/api/v1/query?query=up" | json_get 'd["data"]["result"][0]["value"][1]' 2>/dev/null)
+check "Prometheus sees the target up" test "$up" = 1
+
+# The official OpenAI Python client.
+if [ -x "${LAZYKV_E2E_PYTHON:-}" ]; then
+  check "OpenAI Python client" "$LAZYKV_E2E_PYTHON" "$(dirname "$0")/openai_client_test.py" "$url" "$model"
+else
+  fail "LAZYKV_E2E_PYTHON is not set (scripts/test.sh sets it to the venv of tests/e2e/requirements.txt)"
+fi
+
+# Graceful drain: SIGTERM while a stream runs; the stream completes, the exit status is 0.
+curl -sN "$url/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "'$model'", "prompt": "Once upon a time", "max_tokens": 48, "stream": true, "kv_policy": {"name": "full"}}' \
+  >"$work/drain" &
+drain_pid=$!
+for _ in $(seq 1 100); do grep -q '^data: {' "$work/drain" 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$server_pid"
+wait "$drain_pid"
+check "the in-flight stream finished during the drain" test "$(grep '^data: ' "$work/drain" | tail -1)" = "data: [DONE]"
+wait "$server_pid"
+check "SIGTERM exits 0" test $? = 0
+
+# API keys and the per-key concurrency limit.
+start_server --api-key secret-1 --max-concurrent-per-key 1
+check "no key -> 401" test "$(status_of "$url/v1/models")" = 401
+check "wrong key -> 401" test "$(status_of "$url/v1/models" -H 'Authorization: Bearer nope')" = 401
+check "right key -> 200" test "$(status_of "$url/v1/models" -H 'Authorization: Bearer secret-1')" = 200
+check "health needs no key" test "$(status_of "$url/health")" = 200
+curl -sN "$url/v1/completions" -H 'Authorization: Bearer secret-1' -H 'Content-Type: application/json' \
+  -d '{"model": "'$model'", "prompt": "Once", "max_tokens": 400, "stream": true, "kv_policy": {"name": "full"}}' \
+  >"$work/first" &
+first_pid=$!
+for _ in $(seq 1 100); do grep -q '^data: {' "$work/first" 2>/dev/null && break; sleep 0.1; done
+check "a second concurrent request of the key -> 429" test "$(status_of "$url/v1/completions" -H 'Authorization: Bearer secret-1' \
+  -H 'Content-Type: application/json' -d '{"model": "'$model'", "prompt": "x", "max_tokens": 1}')" = 429
+kill "$first_pid" 2>/dev/null
+kill -TERM "$server_pid"; wait "$server_pid"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed; server log:" >&2
+  tail -50 "$server_log" >&2
+  exit 1
+fi
+echo "all end-to-end checks passed"

@@ -1,0 +1,297 @@
+// The continuous-batching scheduler over a real in-process worker on a tiny
+// random model: batching, preemption by recompute, cancellation, limits,
+// draining and a failing worker.
+#include "coordinator/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+
+#include "common/error.h"
+#include "tests/unit/tiny_model_fixture.h"
+#include "worker/local_worker.h"
+
+namespace lazykv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string finish;
+  std::string error;
+  bool unavailable = false;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    TinyModelSpec spec;
+    spec.n_ctx = 256;
+    TinyModel tiny = load_tiny_model("scheduler_test", spec);
+    model_ = tiny.model.release();
+    tokenizer_ = tiny.tokenizer.release();
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete model_;
+  }
+
+  static LocalWorkerOptions worker_options(size_t capacity = 0) {
+    LocalWorkerOptions o;
+    o.threads = 2;
+    o.n_vocab = tokenizer_->n_vocab();
+    o.kv_capacity_bytes = capacity;
+    return o;
+  }
+
+  static SequenceRequest request(int i, int32_t max_new, PolicyConfig policy = make_policy_config("full")) {
+    SequenceRequest r;
+    r.prompt = {1};
+    for (int k = 0; k < 6 + 3 * i; ++k) r.prompt.push_back(3 + (17 * i + 5 * k) % 250);
+    r.max_new_tokens = max_new;
+    r.policy = std::move(policy);
+    return r;
+  }
+
+  // Runs every event of the handles' stream to the end (with a deadline so a bug cannot hang the test).
+  static std::vector<Outcome> collect(const std::vector<SequenceHandle>& handles) {
+    std::vector<Outcome> out(handles.size());
+    std::map<uint64_t, size_t> index;
+    for (size_t i = 0; i < handles.size(); ++i) index[handles[i].id] = i;
+    size_t done = 0;
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    while (done < handles.size() && Clock::now() < deadline) {
+      for (SequenceEvent& e : handles.front().stream->wait(std::chrono::milliseconds(50))) {
+        Outcome& o = out[index.at(e.sequence)];
+        o.text += e.text;
+        if (e.kind == SequenceEvent::Kind::kToken) {
+          o.tokens.push_back(e.token.id);
+        } else {
+          o.finish = e.finish_reason;
+          o.error = e.error;
+          o.unavailable = e.unavailable;
+          ++done;
+        }
+      }
+    }
+    EXPECT_EQ(done, handles.size()) << "sequences did not finish before the deadline";
+    return out;
+  }
+
+  // Each request alone on its own worker and scheduler.
+  static std::vector<Outcome> alone(const std::vector<SequenceRequest>& requests) {
+    std::vector<Outcome> out;
+    for (const SequenceRequest& r : requests) {
+      LocalWorker worker(*model_, worker_options());
+      metrics::Registry registry;
+      Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
+      out.push_back(collect(scheduler.submit({r})).front());
+    }
+    return out;
+  }
+
+  static Model* model_;
+  static Tokenizer* tokenizer_;
+};
+
+Model* SchedulerTest::model_ = nullptr;
+Tokenizer* SchedulerTest::tokenizer_ = nullptr;
+
+TEST_F(SchedulerTest, BatchedSequencesEqualEachAloneAndFreeTheirKv) {
+  std::vector<SequenceRequest> requests;
+  for (int i = 0; i < 6; ++i) requests.push_back(request(i, 20 + 3 * i));
+  const std::vector<Outcome> reference = alone(requests);
+
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  SchedulerOptions options;
+  options.max_batch = 4;  // six sequences through four slots: admissions mid-run
+  Scheduler scheduler(worker, *tokenizer_, registry, options);
+  const std::vector<Outcome> batched = collect(scheduler.submit(requests));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(batched[i].tokens, reference[i].tokens) << "sequence " << i;
+    EXPECT_EQ(batched[i].text, reference[i].text) << "sequence " << i;
+    EXPECT_EQ(batched[i].finish, reference[i].finish) << "sequence " << i;
+    EXPECT_TRUE(batched[i].finish == "stop" || batched[i].finish == "length");
+    if (batched[i].finish == "length") {
+      EXPECT_EQ(int32_t(batched[i].tokens.size()), requests[i].max_new_tokens);
+    }
+  }
+  EXPECT_TRUE(scheduler.wait_idle(Clock::now() + std::chrono::seconds(10)));
+  scheduler.stop("test over");
+  EXPECT_EQ(worker.n_sequences(), 0u);
+  const std::string text = registry.render();
+  EXPECT_NE(text.find("lazykv_generation_tokens_total"), std::string::npos);
+  EXPECT_GT(registry.counter(metrics::kGenerationTokens).value(), 0);
+}
+
+TEST_F(SchedulerTest, FullCachePreemptsByRecomputeAndFullKvStaysExact) {
+  std::vector<SequenceRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back(request(i, 120));
+    requests.back().stop = {};
+  }
+  const std::vector<Outcome> reference = alone(requests);
+
+  // Room for four sequences' first pages, not for all of them to grow past 64 slots.
+  LocalWorker probe(*model_, worker_options());
+  const WorkerInfo info = probe.info();
+  const size_t per_page_set = info.kv_page_bytes * size_t(info.n_layer * info.n_head_kv);
+  LocalWorker worker(*model_, worker_options(6 * per_page_set));
+  metrics::Registry registry;
+  Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
+  const std::vector<Outcome> got = collect(scheduler.submit(requests));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, reference[i].tokens) << "sequence " << i;
+    EXPECT_EQ(got[i].finish, reference[i].finish) << "sequence " << i;
+  }
+  const bool long_enough = std::any_of(reference.begin(), reference.end(), [&](const Outcome& o) {
+    return o.tokens.size() + requests.front().prompt.size() > size_t(info.page_slots);
+  });
+  ASSERT_TRUE(long_enough) << "the sequences must outgrow one page for the cache to fill";
+  EXPECT_GT(registry.counter(metrics::kPreemptions).value(), 0);
+}
+
+TEST_F(SchedulerTest, CancelEndsARunningSequenceAndFreesItsKv) {
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
+  SequenceRequest r = request(1, 200);
+  r.sampling.temperature = 1.0f;  // keep generating: no early end-of-generation is likely, but cancel comes first
+  std::vector<SequenceHandle> handles = scheduler.submit({r, request(2, 5)});
+  // Wait for the first token of the long one, then cancel it.
+  bool started = false;
+  std::vector<SequenceEvent> seen;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!started && Clock::now() < deadline) {
+    for (SequenceEvent& e : handles[0].stream->wait(std::chrono::milliseconds(20))) {
+      if (e.sequence == handles[0].id) started = true;
+      seen.push_back(std::move(e));
+    }
+  }
+  ASSERT_TRUE(started);
+  scheduler.cancel(handles[0].id);
+  std::string finish_long, finish_short;
+  for (const SequenceEvent& e : seen) {
+    if (e.kind == SequenceEvent::Kind::kFinish) (e.sequence == handles[0].id ? finish_long : finish_short) = e.finish_reason;
+  }
+  while ((finish_long.empty() || finish_short.empty()) && Clock::now() < deadline) {
+    for (SequenceEvent& e : handles[0].stream->wait(std::chrono::milliseconds(20))) {
+      if (e.kind == SequenceEvent::Kind::kFinish) (e.sequence == handles[0].id ? finish_long : finish_short) = e.finish_reason;
+    }
+  }
+  EXPECT_TRUE(finish_long == "cancelled" || finish_long == "stop") << finish_long;
+  EXPECT_TRUE(finish_short == "length" || finish_short == "stop") << finish_short;
+  scheduler.stop("test over");
+  EXPECT_EQ(worker.n_sequences(), 0u);
+}
+
+TEST_F(SchedulerTest, RejectsWhatCanNeverRunAndWhatDoesNotFitTheQueue) {
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  SchedulerOptions options;
+  options.max_waiting = 2;
+  Scheduler scheduler(worker, *tokenizer_, registry, options);
+  SequenceRequest empty = request(0, 4);
+  empty.prompt.clear();
+  EXPECT_THROW(scheduler.submit({empty}), Error);
+  SequenceRequest too_long = request(0, 300);  // prompt + 300 > 256
+  try {
+    scheduler.submit({too_long});
+    FAIL() << "expected a context error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos);
+  }
+  try {
+    scheduler.submit({request(0, 4), request(1, 4), request(2, 4)});
+    FAIL() << "expected the queue limit";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+  }
+  // Nothing of the rejected group was queued; a fitting one runs.
+  const std::vector<Outcome> ok = collect(scheduler.submit({request(0, 4)}));
+  EXPECT_FALSE(ok[0].finish.empty());
+  scheduler.drain();
+  try {
+    scheduler.submit({request(0, 4)});
+    FAIL() << "expected draining to refuse";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+  }
+}
+
+TEST_F(SchedulerTest, BadPolicyFailsAloneAndTheOthersRun) {
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
+  SequenceRequest bad = request(3, 8);
+  bad.sampling.top_p = 1.5f;  // invalid sampling: the worker refuses to start it
+  const std::vector<Outcome> got = collect(scheduler.submit({bad, request(1, 8)}));
+  EXPECT_EQ(got[0].finish, "error");
+  EXPECT_NE(got[0].error.find("top_p"), std::string::npos) << got[0].error;
+  EXPECT_TRUE(got[1].finish == "length" || got[1].finish == "stop");
+}
+
+TEST_F(SchedulerTest, EvictingPolicyStaysWithinBudget) {
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
+  SequenceRequest r = request(2, 80, make_policy_config("lazy", {{"budget", "32"}, {"window", "8"}}));
+  const std::vector<Outcome> got = collect(scheduler.submit({r}));
+  ASSERT_FALSE(got[0].finish.empty());
+  ASSERT_GT(got[0].tokens.size() + r.prompt.size(), 48u) << "the sequence must outgrow its budget";
+  EXPECT_GT(registry.counter(metrics::kEvictions).value(), 0);
+  EXPECT_EQ(got[0].finish, "length");
+}
+
+// A worker that breaks on its third step (error injection around the real one).
+class BreakingWorker final : public StepExecutor {
+ public:
+  explicit BreakingWorker(StepExecutor& inner) : inner_(inner) {}
+  WorkerInfo info() const override { return inner_.info(); }
+  StepResult step(const StepPlan& plan) override {
+    if (++steps_ == 3) throw Error(ErrorCode::kIo, "connection to worker lost");
+    return inner_.step(plan);
+  }
+
+ private:
+  StepExecutor& inner_;
+  int steps_ = 0;
+};
+
+TEST_F(SchedulerTest, AFailingWorkerEndsRunningSequencesWithAnErrorAndServingGoesOn) {
+  LocalWorker worker(*model_, worker_options());
+  BreakingWorker breaking(worker);
+  metrics::Registry registry;
+  Scheduler scheduler(breaking, *tokenizer_, registry, SchedulerOptions{});
+  const std::vector<Outcome> failed = collect(scheduler.submit({request(0, 50)}));
+  EXPECT_EQ(failed[0].finish, "error");
+  EXPECT_TRUE(failed[0].unavailable);
+  EXPECT_NE(failed[0].error.find("connection to worker lost"), std::string::npos);
+  const std::vector<Outcome> next = collect(scheduler.submit({request(1, 4)}));
+  EXPECT_TRUE(next[0].finish == "length" || next[0].finish == "stop") << next[0].finish << " " << next[0].error;
+}
+
+TEST_F(SchedulerTest, StopEndsQueuedAndRunningSequencesWithAnError) {
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  SchedulerOptions options;
+  options.max_batch = 1;
+  auto scheduler = std::make_unique<Scheduler>(worker, *tokenizer_, registry, options);
+  std::vector<SequenceHandle> handles = scheduler->submit({request(0, 200), request(1, 200), request(2, 200)});
+  scheduler->stop("shutting down for the test");
+  std::vector<Outcome> got = collect(handles);
+  for (const Outcome& o : got) {
+    if (o.finish == "error") {
+      EXPECT_TRUE(o.unavailable);
+      EXPECT_EQ(o.error, "shutting down for the test");
+    }
+  }
+  EXPECT_EQ(got[2].finish, "error");  // it never ran
+  EXPECT_EQ(worker.n_sequences(), 0u);
+}
+
+}  // namespace
+}  // namespace lazykv

@@ -1,0 +1,265 @@
+// The OpenAI service over the real scheduler and in-process worker on a tiny
+// random model, answered into a recording ResponseWriter (the HTTP layer has
+// its own tests; the end-to-end test drives both with real clients).
+#include "coordinator/server/openai_service.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/unit/tiny_model_fixture.h"
+#include "worker/local_worker.h"
+
+namespace lazykv {
+namespace {
+
+using nlohmann::json;
+
+class RecordingWriter final : public http::ResponseWriter {
+ public:
+  bool send(int s, std::string_view type, std::string b, const http::Headers& extra) override {
+    status = s;
+    content_type = type;
+    body = std::move(b);
+    headers = extra;
+    ++responses;
+    return true;
+  }
+  bool start_stream(int s, std::string_view type, const http::Headers& extra) override {
+    status = s;
+    content_type = type;
+    headers = extra;
+    streaming = true;
+    ++responses;
+    return true;
+  }
+  bool write_chunk(std::string_view data) override {
+    if (gone_after >= 0 && int(chunks.size()) >= gone_after) return false;
+    chunks.emplace_back(data);
+    return true;
+  }
+  bool end_stream() override {
+    ended = true;
+    return true;
+  }
+  bool client_gone() override { return gone_after >= 0 && int(chunks.size()) >= gone_after; }
+
+  // The JSON of every `data:` event except [DONE].
+  std::vector<json> events() const {
+    std::vector<json> out;
+    for (const std::string& c : chunks) {
+      EXPECT_EQ(c.rfind("data: ", 0), 0u) << c;
+      EXPECT_EQ(c.substr(c.size() - 2), "\n\n");
+      const std::string data = c.substr(6, c.size() - 8);
+      if (data != "[DONE]") out.push_back(json::parse(data));
+    }
+    return out;
+  }
+
+  int status = 0;
+  std::string content_type, body;
+  http::Headers headers;
+  std::vector<std::string> chunks;
+  bool streaming = false, ended = false;
+  int responses = 0;
+  int gone_after = -1;  // >= 0: the client disappears after this many chunks
+};
+
+class OpenAiServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    TinyModelSpec spec;
+    spec.n_ctx = 256;
+    TinyModel tiny = load_tiny_model("service_test", spec);
+    model_ = tiny.model.release();
+    tokenizer_ = tiny.tokenizer.release();
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete model_;
+  }
+
+  void SetUp() override {
+    LocalWorkerOptions o;
+    o.threads = 2;
+    o.n_vocab = tokenizer_->n_vocab();
+    worker_ = std::make_unique<LocalWorker>(*model_, o);
+    scheduler_ = std::make_unique<Scheduler>(*worker_, *tokenizer_, registry_, SchedulerOptions{});
+    ServiceConfig config;
+    config.model_id = "tiny";
+    config.api_keys = keys_;
+    config.version = "test";
+    service_ = std::make_unique<OpenAiService>(*tokenizer_, *scheduler_, registry_, config);
+  }
+
+  RecordingWriter call(const std::string& method, const std::string& path, const std::string& body = "",
+                       const std::string& key = "") {
+    http::Request r;
+    r.method = method;
+    r.path = path;
+    r.body = body;
+    if (!key.empty()) r.headers.push_back({"authorization", "Bearer " + key});
+    RecordingWriter w;
+    service_->handle(r, w);
+    EXPECT_EQ(w.responses, 1) << method << " " << path;
+    return w;
+  }
+
+  static Model* model_;
+  static Tokenizer* tokenizer_;
+  std::vector<std::string> keys_;
+  metrics::Registry registry_;
+  std::unique_ptr<LocalWorker> worker_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<OpenAiService> service_;
+};
+
+Model* OpenAiServiceTest::model_ = nullptr;
+Tokenizer* OpenAiServiceTest::tokenizer_ = nullptr;
+
+TEST_F(OpenAiServiceTest, ChatWholeAndStreamedAgree) {
+  const std::string body =
+      R"({"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0})";
+  RecordingWriter whole = call("POST", "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json j = json::parse(whole.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "tiny");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  const int completion = j["usage"]["completion_tokens"];
+  EXPECT_GE(completion, 1);
+  EXPECT_LE(completion, 12);
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + completion);
+
+  json streamed_body = json::parse(body);
+  streamed_body["stream"] = true;
+  streamed_body["stream_options"] = {{"include_usage", true}};
+  RecordingWriter stream = call("POST", "/v1/chat/completions", streamed_body.dump());
+  ASSERT_EQ(stream.status, 200);
+  EXPECT_EQ(stream.content_type, "text/event-stream");
+  EXPECT_TRUE(stream.ended);
+  EXPECT_EQ(stream.chunks.back(), "data: [DONE]\n\n");
+  std::string text, finish;
+  int roles = 0;
+  json usage;
+  for (const json& e : stream.events()) {
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    if (!e["usage"].is_null()) usage = e["usage"];
+    for (const json& c : e["choices"]) {
+      if (c["delta"].contains("role")) ++roles;
+      if (c["delta"].contains("content") && c["delta"]["content"].is_string()) text += c["delta"]["content"];
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+  }
+  EXPECT_EQ(roles, 1);
+  EXPECT_EQ(text, j["choices"][0]["message"]["content"]);
+  EXPECT_EQ(finish, j["choices"][0]["finish_reason"]);
+  EXPECT_EQ(usage["completion_tokens"], completion);
+}
+
+TEST_F(OpenAiServiceTest, CompletionsWithPromptsTimesNAndLogprobs) {
+  RecordingWriter w = call("POST", "/v1/completions",
+                           R"({"model": "tiny", "prompt": ["ab", "cd"], "n": 2, "max_tokens": 3,
+                               "temperature": 0.7, "seed": 3, "logprobs": 2})");
+  ASSERT_EQ(w.status, 200) << w.body;
+  const json j = json::parse(w.body);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const json& c = j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    const json& lp = c["logprobs"];
+    EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+    for (const json& l : lp["token_logprobs"]) EXPECT_LE(l.get<double>(), 0.0);
+    for (const json& top : lp["top_logprobs"]) EXPECT_EQ(top.size(), 2u);
+  }
+  // The same seed gives the same choices.
+  RecordingWriter again = call("POST", "/v1/completions",
+                               R"({"model": "tiny", "prompt": ["ab", "cd"], "n": 2, "max_tokens": 3,
+                                   "temperature": 0.7, "seed": 3, "logprobs": 2})");
+  const json k = json::parse(again.body);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(k["choices"][i]["text"], j["choices"][i]["text"]);
+}
+
+TEST_F(OpenAiServiceTest, ErrorsAreOpenAiJsonWithTheRightStatus) {
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{nope", 400, ""},
+      {"/v1/chat/completions", R"({"model": "other", "messages": [{"role": "user", "content": "x"}]})", 404, "model"},
+      {"/v1/chat/completions", R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000})",
+       400, "messages"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": [1, 999999]})", 400, "prompt"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "kv_policy": {"name": "nope"}})", 400, "kv_policy"},
+  };
+  for (const Case& c : cases) {
+    RecordingWriter w = call("POST", c.path, c.body);
+    EXPECT_EQ(w.status, c.status) << c.body << " -> " << w.body;
+    const json j = json::parse(w.body);
+    EXPECT_TRUE(j["error"]["message"].is_string()) << w.body;
+    if (!c.param.empty()) {
+      EXPECT_EQ(j["error"]["param"], c.param) << w.body;
+    }
+  }
+  EXPECT_EQ(call("GET", "/v1/completions").status, 405);
+  EXPECT_EQ(call("GET", "/nothing").status, 404);
+  // Still serving.
+  EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
+  EXPECT_GE(registry_.counter(metrics::kErrors, {"invalid_request"}).value(), 5);
+}
+
+TEST_F(OpenAiServiceTest, AClientThatLeavesCancelsItsSequences) {
+  RecordingWriter w;
+  w.gone_after = 3;
+  http::Request r;
+  r.method = "POST";
+  r.path = "/v1/completions";
+  r.body = R"({"model": "tiny", "prompt": "abc", "max_tokens": 200, "stream": true, "temperature": 1, "seed": 1,
+               "logprobs": 0})";
+  service_->handle(r, w);
+  EXPECT_EQ(w.chunks.size(), 3u);
+  EXPECT_FALSE(w.ended);
+  scheduler_->stop("test over");
+  EXPECT_EQ(worker_->n_sequences(), 0u);
+  EXPECT_EQ(registry_.counter(metrics::kErrors, {"cancelled"}).value(), 1);
+}
+
+TEST_F(OpenAiServiceTest, HealthReadyModelsAndMetrics) {
+  EXPECT_EQ(call("GET", "/health").status, 200);
+  EXPECT_EQ(call("GET", "/ready").status, 200);
+  const json models = json::parse(call("GET", "/v1/models").body);
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(call("GET", "/v1/models/tiny").status, 200);
+  EXPECT_EQ(call("GET", "/v1/models/else").status, 404);
+  RecordingWriter m = call("GET", "/metrics");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("lazykv_build_info{version=\"test\",model=\"tiny\"} 1"), std::string::npos) << m.body;
+  scheduler_->drain();
+  EXPECT_EQ(call("GET", "/ready").status, 503);
+  RecordingWriter refused = call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x"})");
+  EXPECT_EQ(refused.status, 503);
+  ASSERT_FALSE(refused.headers.empty());
+  EXPECT_EQ(refused.headers[0].first, "Retry-After");
+}
+
+class OpenAiServiceKeysTest : public OpenAiServiceTest {
+ protected:
+  void SetUp() override {
+    keys_ = {"k1"};
+    OpenAiServiceTest::SetUp();
+  }
+};
+
+TEST_F(OpenAiServiceKeysTest, ApiKeysAreRequiredOnV1Only) {
+  EXPECT_EQ(call("GET", "/v1/models").status, 401);
+  EXPECT_EQ(call("GET", "/v1/models", "", "wrong").status, 401);
+  EXPECT_EQ(call("GET", "/v1/models", "", "k1").status, 200);
+  EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 1})").status, 401);
+  EXPECT_EQ(call("GET", "/health").status, 200);
+  EXPECT_EQ(call("GET", "/metrics").status, 200);
+}
+
+}  // namespace
+}  // namespace lazykv

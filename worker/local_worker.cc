@@ -1,0 +1,182 @@
+#include "worker/local_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace lazykv {
+
+LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options)
+    : model_(model),
+      options_(options),
+      pool_(options.threads),
+      cache_({model.config().n_layer, model.config().n_head_kv, model.config().head_dim, 64, options.kv_capacity_bytes}),
+      forward_(model, cache_, pool_, options.precision) {
+  if (options_.n_ctx <= 0) options_.n_ctx = model.config().n_ctx_train;
+  if (options_.n_vocab <= 0 || options_.n_vocab > model.config().n_vocab) options_.n_vocab = model.config().n_vocab;
+}
+
+LocalWorker::~LocalWorker() = default;
+
+WorkerInfo LocalWorker::info() const {
+  const ModelConfig& c = model_.config();
+  WorkerInfo info;
+  info.n_ctx = options_.n_ctx;
+  info.n_vocab = options_.n_vocab;
+  info.kv_capacity_bytes = cache_.capacity_bytes();
+  info.kv_bytes_per_token = cache_.slot_bytes() * size_t(c.n_layer) * size_t(c.n_head_kv);
+  info.kv_page_bytes = cache_.page_bytes();
+  info.page_slots = cache_.config().page_slots;
+  info.n_layer = c.n_layer;
+  info.n_head_kv = c.n_head_kv;
+  return info;
+}
+
+void LocalWorker::release(SeqId seq) {
+  if (seqs_.erase(seq) > 0) cache_.remove_sequence(seq);
+}
+
+std::string LocalWorker::start(const SequenceStart& s) {
+  if (seqs_.count(s.seq) > 0) return "sequence " + std::to_string(s.seq) + " is already running";
+  if (s.prompt.empty()) return "the prompt is empty";
+  if (int64_t(s.prompt.size()) >= options_.n_ctx) {
+    return "prompt of " + std::to_string(s.prompt.size()) + " tokens leaves no room in the context of " +
+           std::to_string(options_.n_ctx) + " tokens";
+  }
+  for (int32_t id : s.prompt) {
+    if (id < 0 || id >= options_.n_vocab) return "token id " + std::to_string(id) + " is outside the vocabulary";
+  }
+  if (s.top_logprobs > 20) return "top_logprobs must be <= 20";
+  Sequence seq;
+  try {
+    s.sampling.validate();
+    seq.policy = make_policy(s.policy, policy_shape(model_.config(), int32_t(s.prompt.size())));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  seq.prompt = s.prompt;
+  seq.sampler = std::make_unique<Sampler>(s.sampling);
+  seq.top_logprobs = s.top_logprobs;
+  cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
+  seqs_.emplace(s.seq, std::move(seq));
+  return "";
+}
+
+void LocalWorker::fill_logprobs(std::span<const float> logits, int top, SampledToken& out) {
+  // log p = logit - logsumexp(logits), in double for a stable sum.
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - double(max));
+  const double log_z = double(max) + std::log(sum);
+  out.logprob = float(double(logits[size_t(out.token)]) - log_z);
+  if (top <= 0) return;
+  const size_t k = std::min(size_t(top), logits.size());
+  std::vector<int32_t>& ids = top_ids_;
+  ids.resize(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  out.top.clear();
+  for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], float(double(logits[size_t(ids[i])]) - log_z));
+}
+
+StepResult LocalWorker::step(const StepPlan& plan) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  StepResult result;
+  for (SeqId seq : plan.release) release(seq);
+  for (const SequenceStart& s : plan.start) {
+    std::string why = start(s);
+    if (!why.empty()) result.failed.emplace_back(s.seq, std::move(why));
+  }
+
+  // The pass: prefill chunks and decode tokens. Items of sequences that failed
+  // (or were never started) are dropped and reported.
+  std::vector<BatchItem> items;
+  std::vector<SeqId> item_seq;
+  std::vector<bool> samples;  // the item yields a token
+  for (const StepItem& it : plan.items) {
+    auto found = seqs_.find(it.seq);
+    if (found == seqs_.end()) {
+      const bool reported = std::any_of(result.failed.begin(), result.failed.end(),
+                                        [&](const auto& f) { return f.first == it.seq; });
+      if (!reported) result.failed.emplace_back(it.seq, "sequence " + std::to_string(it.seq) + " is not running");
+      continue;
+    }
+    Sequence& s = found->second;
+    const int32_t prompt_left = int32_t(s.prompt.size()) - s.fed;
+    if (it.prefill_tokens > 0) {
+      if (prompt_left <= 0) {
+        result.failed.emplace_back(it.seq, "prefill requested after the prompt was cached");
+        release(it.seq);
+        continue;
+      }
+      const int32_t n = std::min(it.prefill_tokens, prompt_left);
+      items.push_back(BatchItem{it.seq, std::span<const int32_t>(s.prompt).subspan(size_t(s.fed), size_t(n)), s.fed,
+                                false, s.policy.get()});
+      samples.push_back(n == prompt_left);
+    } else {
+      if (prompt_left > 0 || s.last < 0) {
+        result.failed.emplace_back(it.seq, "decode requested before the prompt was cached");
+        release(it.seq);
+        continue;
+      }
+      if (s.fed + 1 > options_.n_ctx) {
+        result.failed.emplace_back(it.seq, "the sequence reached the context limit of " +
+                                               std::to_string(options_.n_ctx) + " tokens");
+        release(it.seq);
+        continue;
+      }
+      items.push_back(BatchItem{it.seq, {&s.last, 1}, s.fed, false, s.policy.get()});
+      samples.push_back(true);
+    }
+    item_seq.push_back(it.seq);
+  }
+  if (items.empty()) {
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    result.kv_bytes = cache_.bytes_used();
+    return result;
+  }
+
+  std::span<const float> logits;
+  try {
+    logits = forward_.run(items);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfMemory) throw;
+    result.out_of_memory = true;  // nothing was appended; no sequence advanced
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    result.kv_bytes = cache_.bytes_used();
+    return result;
+  }
+
+  const size_t model_vocab = size_t(model_.config().n_vocab);
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sequence& s = seqs_.at(item_seq[i]);
+    s.fed += int32_t(items[i].tokens.size());
+    result.batch_tokens += int32_t(items[i].tokens.size());
+    SampledToken out;
+    out.seq = item_seq[i];
+    if (samples[i]) {
+      // Embedding rows past the tokenizer's vocabulary (padding) are never sampled.
+      const std::span<const float> row = logits.subspan(i * model_vocab, size_t(options_.n_vocab));
+      out.token = s.sampler->sample(row);
+      s.last = out.token;
+      if (s.top_logprobs >= 0) fill_logprobs(row, s.top_logprobs, out);
+    }
+    result.tokens.push_back(std::move(out));
+  }
+  for (auto& [id, s] : seqs_) {
+    const int64_t evicted = s.policy->evicted_slots();
+    result.evicted_slots += evicted - s.evicted_seen;
+    s.evicted_seen = evicted;
+    result.kv_slots += s.policy->slots();
+  }
+  result.kv_bytes = cache_.bytes_used();
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace lazykv

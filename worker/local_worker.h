@@ -1,0 +1,57 @@
+// The in-process worker of `lazykv serve`: the whole model on this machine's
+// CPU, one KV cache, one forward pass per step over every scheduled sequence.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+
+#include "common/thread_pool.h"
+#include "worker/forward.h"
+#include "worker/kv_cache.h"
+#include "worker/model.h"
+#include "worker/policy/policy.h"
+#include "worker/step_executor.h"
+
+namespace lazykv {
+
+struct LocalWorkerOptions {
+  int threads = 0;                  // 0: all cores
+  int32_t n_ctx = 0;                // 0: the model's training context
+  int32_t n_vocab = 0;              // samplable vocabulary (the tokenizer's); 0: the model's
+  size_t kv_capacity_bytes = 0;     // 0: unbounded
+  cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32;
+};
+
+class LocalWorker final : public StepExecutor {
+ public:
+  LocalWorker(const Model& model, const LocalWorkerOptions& options);
+  ~LocalWorker() override;
+
+  WorkerInfo info() const override;
+  StepResult step(const StepPlan& plan) override;
+  size_t n_sequences() const { return seqs_.size(); }
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> prompt;
+    int32_t fed = 0;            // tokens in the cache so far (prompt, then generated)
+    int32_t last = -1;          // the last sampled token, fed by the next decode item
+    std::unique_ptr<EvictionPolicy> policy;
+    std::unique_ptr<Sampler> sampler;
+    int top_logprobs = -1;
+    int64_t evicted_seen = 0;   // policy->evicted_slots() already reported
+  };
+  void release(SeqId seq);
+  std::string start(const SequenceStart& s);
+  void fill_logprobs(std::span<const float> logits, int top, SampledToken& out);
+
+  const Model& model_;
+  LocalWorkerOptions options_;
+  ThreadPool pool_;
+  KvCache cache_;
+  ForwardPass forward_;
+  std::unordered_map<SeqId, Sequence> seqs_;
+  std::vector<int32_t> top_ids_;  // fill_logprobs scratch
+};
+
+}  // namespace lazykv

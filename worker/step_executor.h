@@ -1,0 +1,83 @@
+// The worker's side of the scheduler protocol: each step the coordinator sends
+// one StepPlan (sequences to drop, sequences to start, and which sequences run
+// how many tokens), and the worker answers with the sampled tokens and the
+// step's statistics. The coordinator never sees a tensor: prompts, token ids,
+// sampling and policy parameters go in; token ids and numbers come out.
+// LocalWorker runs it in process (`lazykv serve`); a remote worker answers the
+// same messages over gRPC.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/kv_cache.h"
+#include "worker/policy/policy_config.h"
+#include "worker/sampler.h"
+
+namespace lazykv {
+
+struct SequenceStart {
+  SeqId seq = 0;
+  std::vector<int32_t> prompt;  // the whole prompt; prefilled by StepItems in chunks
+  PolicyConfig policy;
+  SamplingParams sampling;
+  int top_logprobs = -1;  // -1: no log-probabilities; 0..20: the sampled token's plus that many alternatives
+};
+
+struct StepItem {
+  SeqId seq = 0;
+  // > 0: prefill the next this-many prompt tokens (a token is sampled only
+  // when the chunk completes the prompt). 0: decode, feeding the last
+  // sampled token.
+  int32_t prefill_tokens = 0;
+};
+
+struct StepPlan {
+  std::vector<SeqId> release;        // dropped first: finished, cancelled or preempted sequences
+  std::vector<SequenceStart> start;  // then added (no tokens run yet)
+  std::vector<StepItem> items;       // then one forward pass over these
+};
+
+struct SampledToken {
+  SeqId seq = 0;
+  int32_t token = -1;  // -1: a prefill chunk that did not finish the prompt
+  float logprob = 0;   // log-probability of `token` under the model (before temperature)
+  std::vector<std::pair<int32_t, float>> top;  // the most likely tokens and their log-probabilities
+};
+
+struct StepResult {
+  // The pass did not run because the KV cache is full; no sequence advanced
+  // (the coordinator preempts and retries).
+  bool out_of_memory = false;
+  std::vector<SampledToken> tokens;                  // one per item, in item order (when the pass ran)
+  std::vector<std::pair<SeqId, std::string>> failed;  // sequences that could not start or run: why
+  double seconds = 0;        // forward pass and sampling
+  int32_t batch_tokens = 0;  // tokens fed in the pass
+  int64_t evicted_slots = 0; // by the policies during this step
+  int64_t kv_slots = 0;      // live slots over all sequences, layers and heads after the step
+  size_t kv_bytes = 0;       // pages in use
+};
+
+struct WorkerInfo {
+  int32_t n_ctx = 0;                 // context limit in tokens
+  int32_t n_vocab = 0;               // samplable vocabulary
+  size_t kv_capacity_bytes = 0;      // 0: unbounded
+  size_t kv_bytes_per_token = 0;     // one token in every layer and KV head (GQA not expanded)
+  size_t kv_page_bytes = 0;          // allocation unit per (layer, head)
+  int32_t page_slots = 0;
+  int n_layer = 0;
+  int n_head_kv = 0;
+};
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual WorkerInfo info() const = 0;
+  // Never throws for a bad sequence (it is reported in `failed` and dropped);
+  // throws lazykv::Error only when the worker itself is broken or unreachable.
+  virtual StepResult step(const StepPlan& plan) = 0;
+};
+
+}  // namespace lazykv
