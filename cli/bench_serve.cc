@@ -376,8 +376,8 @@ Options parse_options(const std::vector<std::string>& args, bool& help) {
       .add("api-key", "", "sent as 'Authorization: Bearer KEY'")
       .add("kv-policy", "", "JSON object sent as the request field kv_policy, e.g. '{\"name\":\"lazy\",\"budget\":512}'")
       .add_switch("ignore-eos",
-                  "send \"ignore_eos\": true; llama-server honours it, lazykv ignores it as an unknown field, "
-                  "so with it both generate exactly max_tokens (lazykv stops at EOS otherwise)")
+                  "send \"ignore_eos\": true (honoured by lazykv, llama-server and vLLM): every request "
+                  "generates exactly max_tokens, so servers are compared on the same output lengths")
       .add("warmup", "0", "requests sent one at a time before measuring (not counted)")
       .add("timeout", "600", "seconds one network operation may take before the request counts as failed");
   flags.parse(args);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <pthread.h>
+#include <thread>
 
 #include "cli/commands.h"
 #include "common/error.h"
@@ -47,7 +48,8 @@ int run_serve(const std::vector<std::string>& args) {
       .add("max-n", "16", "largest n (choices per prompt)")
       .add("max-body-bytes", "4194304", "largest request body; larger ones get 413")
       .add("api-key", "", "accepted API key (repeatable; LAZYKV_API_KEY in the environment); none: no authentication")
-      .add("max-concurrent-per-key", "0", "requests in flight per API key; 0 is unlimited")
+      .add("max-concurrent-per-key", "0",
+           "requests in flight per API key (without keys: for all requests together); 0 is unlimited")
       .add("drain-seconds", "30", "on SIGTERM, how long running requests may take to finish");
   add_policy_flags(flags);
   flags.parse(args);
@@ -128,9 +130,13 @@ int run_serve(const std::vector<std::string>& args) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                                 std::chrono::duration<double>(drain_seconds));
   const bool idle = scheduler.wait_idle(deadline);
-  // Sequences still running past the deadline end with a clear error.
+  // Request threads write their last bytes, within the same deadline.
+  while (api.in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Sequences still running past the deadline end with a clear error, which
+  // their request threads get 2 s to write.
   scheduler.stop("the server is shutting down");
-  // Let request threads write their last bytes.
   server.stop(std::chrono::milliseconds(2000));
   std::fprintf(stderr, "lazykv serve: stopped (%s)\n", idle ? "all requests finished" : "drain deadline passed");
   return 0;

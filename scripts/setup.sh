@@ -22,6 +22,7 @@ packages=(
   clang libclang-rt-14-dev  # libFuzzer targets
   python3-matplotlib        # eval harness plots (eval/plot.py)
   libboost-dev              # Boost.Beast: the HTTP API
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # the gRPC APIs
   curl prometheus           # end-to-end tests: a real HTTP client, promtool and a real scrape
 )
 missing=()

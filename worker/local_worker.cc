@@ -31,6 +31,7 @@ WorkerInfo LocalWorker::info() const {
   info.page_slots = cache_.config().page_slots;
   info.n_layer = c.n_layer;
   info.n_head_kv = c.n_head_kv;
+  info.n_group = c.n_group();
   return info;
 }
 

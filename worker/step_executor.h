@@ -69,6 +69,7 @@ struct WorkerInfo {
   int32_t page_slots = 0;
   int n_layer = 0;
   int n_head_kv = 0;
+  int n_group = 1;  // query heads per KV head
 };
 
 class StepExecutor {

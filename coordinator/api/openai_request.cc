@@ -363,6 +363,8 @@ const FieldRule kRules[] = {
      }},
     {"min_p", Scope::kBoth, true,
      [](ParseState& s, const Json& v) { s.request.min_p = float(get_number_in(v, "min_p", 0, 1)); }},
+    {"ignore_eos", Scope::kBoth, true,
+     [](ParseState& s, const Json& v) { s.request.ignore_eos = get_bool(v, "ignore_eos"); }},
     {"seed", Scope::kBoth, true,
      [](ParseState& s, const Json& v) {
        // OpenAI's schema allows any int64; the sampler takes the bits as uint64.

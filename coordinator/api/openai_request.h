@@ -57,6 +57,7 @@ struct GenerationRequest {
   float top_p = 1.0f;                  // (0, 1]
   int top_k = 0;                       // extension, >= 0 (0: off)
   float min_p = 0.0f;                  // extension, [0, 1]
+  bool ignore_eos = false;             // extension (as vLLM and llama.cpp): run on past end-of-generation to max_tokens
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;       // a string or an array of strings; empty strings dropped
   int n = 1;                           // choices per prompt, [1, limits.max_n]

@@ -35,11 +35,15 @@ struct Scheduler::Sequence {
 
 namespace {
 
-// KV bytes a new sequence needs for n tokens: whole pages in every layer and KV head.
-size_t kv_bytes_for(const WorkerInfo& info, size_t n_tokens) {
+// KV bytes a new sequence needs for n tokens: whole pages in every layer and
+// cache head (a policy selecting per query head caches each KV head once per
+// query head of its group).
+size_t kv_bytes_for(const WorkerInfo& info, const PolicyConfig& policy, size_t n_tokens) {
   if (info.page_slots <= 0) return 0;
   const size_t pages = (n_tokens + size_t(info.page_slots) - 1) / size_t(info.page_slots);
-  return pages * info.kv_page_bytes * size_t(info.n_layer) * size_t(info.n_head_kv);
+  const bool per_query_head = policy.params.count("per_query_head") > 0 && policy.get("per_query_head") != 0;
+  const size_t heads = size_t(info.n_head_kv) * (per_query_head ? size_t(info.n_group) : 1);
+  return pages * info.kv_page_bytes * size_t(info.n_layer) * heads;
 }
 
 }  // namespace
@@ -48,7 +52,7 @@ Scheduler::Scheduler(StepExecutor& worker, const Tokenizer& tokenizer, metrics::
                      const SchedulerOptions& options)
     : worker_(worker), tokenizer_(tokenizer), metrics_(metrics), options_(options), info_(worker.info()) {
   if (options_.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--max-batch must be >= 1");
-  if (options_.max_waiting < 0) throw Error(ErrorCode::kInvalidArgument, "--max-waiting must be >= 0");
+  if (options_.max_waiting < 1) throw Error(ErrorCode::kInvalidArgument, "--max-waiting must be >= 1");
   metrics_.gauge(metrics::kKvCapacityBytes, {"device"}).set(double(info_.kv_capacity_bytes));
   metrics_.gauge(metrics::kWorkerUp, {options_.worker_label}).set(1);
   thread_ = std::thread([this] { loop(); });
@@ -67,12 +71,18 @@ std::vector<SequenceHandle> Scheduler::submit(std::vector<SequenceRequest> reque
                       std::to_string(r.prompt.size()) + " tokens and max_tokens is " +
                       std::to_string(r.max_new_tokens));
     }
-    const size_t need = kv_bytes_for(info_, r.prompt.size() + 1);
+    const size_t need = kv_bytes_for(info_, r.policy, r.prompt.size() + 1);
     if (info_.kv_capacity_bytes > 0 && need > info_.kv_capacity_bytes) {
       throw Error(ErrorCode::kInvalidArgument, "the prompt of " + std::to_string(r.prompt.size()) + " tokens needs " +
                                                    std::to_string(need) + " bytes of KV cache; the cache holds " +
                                                    std::to_string(info_.kv_capacity_bytes));
     }
+  }
+  if (requests.size() > size_t(options_.max_waiting)) {
+    // It could never fit the queue: retrying would not help.
+    throw Error(ErrorCode::kInvalidArgument, "the request asks for " + std::to_string(requests.size()) +
+                                                 " sequences (prompts times n); the server queues at most " +
+                                                 std::to_string(options_.max_waiting));
   }
   std::vector<SequenceHandle> handles;
   {
@@ -173,7 +183,7 @@ void Scheduler::admit(StepPlan& plan) {
   while (!waiting_.empty() && int(running_.size()) < options_.max_batch) {
     Sequence& next = *waiting_.front();
     const std::vector<int32_t> feed = next.feed();
-    const size_t need = kv_bytes_for(info_, feed.size() + 1);
+    const size_t need = kv_bytes_for(info_, next.request.policy, feed.size() + 1);
     const bool alone = running_.empty();
     // Memory and prefill limits, except that one sequence always runs.
     if (!alone && info_.kv_capacity_bytes > 0 && bytes + need > info_.kv_capacity_bytes) break;
@@ -209,7 +219,7 @@ void Scheduler::on_token(Sequence& seq, const SampledToken& sampled) {
   seq.last_token = now;
   seq.generated.push_back(sampled.token);
   metrics_.counter(metrics::kGenerationTokens).inc();
-  if (tokenizer_.is_end_of_generation(sampled.token)) {
+  if (!seq.request.ignore_eos && tokenizer_.is_end_of_generation(sampled.token)) {
     finish(seq, "stop");
     return;
   }
@@ -250,10 +260,13 @@ bool Scheduler::step_once() {
     result = worker_.step(plan);
   } catch (const std::exception& e) {
     // The worker is broken: every running sequence ends with a clear error;
-    // the queue goes on (the next step may succeed).
+    // the queue goes on (the next step may succeed). The releases are sent
+    // again with the next plan, so a worker that recovers frees that KV.
     for (auto& seq : running_) finish(*seq, "error", std::string("the worker failed: ") + e.what(), true);
     running_.clear();
-    pending_release_.clear();
+    pending_release_.insert(pending_release_.end(), plan.release.begin(), plan.release.end());
+    for (const SequenceStart& s : plan.start) pending_release_.push_back(s.seq);
+    update_gauges();
     return true;
   }
   metrics_.histogram(metrics::kStepDuration, {options_.worker_label}).observe(result.seconds);
@@ -271,9 +284,16 @@ bool Scheduler::step_once() {
   if (result.out_of_memory) {
     // Preempt the newest sequence (recompute later), or fail the last one.
     if (running_.size() == 1) {
-      finish(*running_.front(), "error",
-             "the sequence needs more KV memory than the cache holds (" + std::to_string(info_.kv_capacity_bytes) +
-                 " bytes)");
+      // Alone and out of memory: what it generated is kept and it ends as if
+      // it had reached its length; with nothing generated it is an error.
+      Sequence& seq = *running_.front();
+      if (!seq.generated.empty()) {
+        finish(seq, "length");
+      } else {
+        finish(seq, "error",
+               "the sequence needs more KV memory than the cache holds (" + std::to_string(info_.kv_capacity_bytes) +
+                   " bytes)");
+      }
     } else if (!running_.empty()) {
       std::unique_ptr<Sequence> victim = std::move(running_.back());
       running_.pop_back();

@@ -47,6 +47,7 @@ struct SequenceRequest {
   PolicyConfig policy;
   int top_logprobs = -1;  // -1: none
   std::vector<std::string> stop;
+  bool ignore_eos = false;  // end-of-generation tokens do not end it (benchmarks: a fixed output length)
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };
 

@@ -271,6 +271,7 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         s.policy = r.kv_policy ? *r.kv_policy : config_.default_policy;
         s.top_logprobs = r.logprobs ? r.top_logprobs : -1;
         s.stop = r.stop;
+        s.ignore_eos = r.ignore_eos;
         s.arrival = arrival;
         sequences.push_back(std::move(s));
       }
@@ -303,10 +304,12 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
   api::Usage usage;
   std::vector<int64_t> prompt_counted(handles.size(), 0);
   std::optional<api::ApiError> failure;
+  std::vector<int32_t> text_offset(handles.size(), 0);
   for (size_t i = 0; i < choices.size(); ++i) {
     choices[i].index = int(i);
     choices[i].has_logprobs = r.logprobs;
     if (r.echo) choices[i].text = prompt_texts[i / size_t(r.n)];
+    text_offset[i] = int32_t(choices[i].text.size());
   }
 
   const bool streaming = r.stream;
@@ -332,17 +335,25 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     }
   }
 
+  auto next_poll = Clock::now() + kClientPoll;
   while (n_done < handles.size() && !client_gone) {
     std::vector<SequenceEvent> events = stream->wait(kClientPoll);
-    if (events.empty()) {
-      if (out.client_gone()) client_gone = true;
-      continue;
+    // On a timer, not only when idle: a whole response writes nothing until
+    // the end, and tokens may arrive faster than the poll interval.
+    if (Clock::now() >= next_poll) {
+      next_poll = Clock::now() + kClientPoll;
+      if (out.client_gone()) {
+        client_gone = true;
+        break;
+      }
     }
     for (SequenceEvent& e : events) {
       const size_t i = index_of.at(e.sequence);
       api::Choice& choice = choices[i];
       if (e.kind == SequenceEvent::Kind::kToken) {
-        api::TokenLogprob lp = to_api(e.token, int32_t(choice.text.size()));
+        // The token's own place in the text (bytes), whatever stop strings hold back.
+        api::TokenLogprob lp = to_api(e.token, text_offset[i]);
+        text_offset[i] += int32_t(e.token.bytes.size());
         if (r.logprobs) choice.logprobs.push_back(lp);
         choice.text += e.text;
         if (streaming && (!e.text.empty() || r.logprobs)) {

@@ -59,12 +59,12 @@ check "e2e >= TTFT" "$tmp/run.json" 'd["e2e_s"]["p99"] >= d["ttft_s"]["p50"]'
 check "prompt tokens from usage" "$tmp/run.json" 'd["prompt_tokens_mean"] is not None and d["prompt_tokens_mean"] > 50'
 check "throughput" "$tmp/run.json" 'd["output_tokens_per_s"] > 0 and d["requests_per_s"] > 0'
 
-# The completions endpoint with a per-request kv_policy and ignore_eos (ignored by lazykv).
+# The completions endpoint with a per-request kv_policy and ignore_eos (exactly max_tokens each).
 "$lazykv" bench-serve --url "$url" --model "$model" --endpoint completions --concurrency 2 --requests 2 \
   --max-tokens 8 --kv-policy '{"name":"streaming","budget":64}' --ignore-eos >"$tmp/completions.json" 2>"$tmp/c.err"
 code=$?
 if [ "$code" -eq 0 ]; then pass "completions exit 0"; else fail "completions exit $code: $(head -c 600 "$tmp/c.err")"; fi
-check "completions run without errors" "$tmp/completions.json" 'd["requests"] == 2 and d["errors"] == 0 and d["output_tokens"] > 0'
+check "completions with ignore_eos give exactly max_tokens each" "$tmp/completions.json" 'd["requests"] == 2 and d["errors"] == 0 and d["output_tokens"] == 16'
 
 # A policy the server rejects: every request fails with its HTTP status, exit 1.
 "$lazykv" bench-serve --url "$url" --model "$model" --concurrency 1 --requests 2 --max-tokens 4 \

@@ -68,7 +68,7 @@ TEST(OpenAiRequest, MinimalCompletionsDefaults) {
 
 TEST(OpenAiRequest, EveryCompletionsField) {
   const GenerationRequest r = parse(
-      kComp, comp(R"("max_tokens":32,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":7,)"
+      kComp, comp(R"("max_tokens":32,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,"ignore_eos":true,"seed":7,)"
                   R"("stop":["\n","","END"],"n":2,"best_of":2,"stream":true,"stream_options":{"include_usage":true},)"
                   R"("logprobs":3,"echo":false,"presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},)"
                   R"("user":"u1","suffix":"","kv_policy":{"name":"lazy","budget":256,"window":64})"));
@@ -77,6 +77,7 @@ TEST(OpenAiRequest, EveryCompletionsField) {
   EXPECT_FLOAT_EQ(r.top_p, 0.9f);
   EXPECT_EQ(r.top_k, 40);
   EXPECT_FLOAT_EQ(r.min_p, 0.05f);
+  EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.seed, 7u);
   EXPECT_EQ(r.stop, (std::vector<std::string>{"\n", "END"}));
   EXPECT_EQ(r.n, 2);

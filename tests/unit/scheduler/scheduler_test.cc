@@ -187,12 +187,44 @@ TEST_F(SchedulerTest, CancelEndsARunningSequenceAndFreesItsKv) {
   EXPECT_EQ(worker.n_sequences(), 0u);
 }
 
+// Holds every step until opened, so the queue's state can be set up exactly.
+class GatedWorker final : public StepExecutor {
+ public:
+  explicit GatedWorker(StepExecutor& inner) : inner_(inner) {}
+  WorkerInfo info() const override { return inner_.info(); }
+  StepResult step(const StepPlan& plan) override {
+    std::unique_lock lock(mutex_);
+    entered_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    return inner_.step(plan);
+  }
+  void wait_entered() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return entered_; });
+  }
+  void open() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  StepExecutor& inner_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool entered_ = false, open_ = false;
+};
+
 TEST_F(SchedulerTest, RejectsWhatCanNeverRunAndWhatDoesNotFitTheQueue) {
   LocalWorker worker(*model_, worker_options());
+  GatedWorker gated(worker);
   metrics::Registry registry;
   SchedulerOptions options;
   options.max_waiting = 2;
-  Scheduler scheduler(worker, *tokenizer_, registry, options);
+  options.max_batch = 1;
+  Scheduler scheduler(gated, *tokenizer_, registry, options);
   SequenceRequest empty = request(0, 4);
   empty.prompt.clear();
   EXPECT_THROW(scheduler.submit({empty}), Error);
@@ -206,13 +238,25 @@ TEST_F(SchedulerTest, RejectsWhatCanNeverRunAndWhatDoesNotFitTheQueue) {
   }
   try {
     scheduler.submit({request(0, 4), request(1, 4), request(2, 4)});
+    FAIL() << "expected a group larger than the queue to be refused for good";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  // One running (held in the worker), two waiting: the queue is full.
+  std::vector<SequenceHandle> running = scheduler.submit({request(0, 4)});
+  gated.wait_entered();
+  std::vector<SequenceHandle> queued = scheduler.submit({request(1, 4), request(2, 4)});
+  EXPECT_EQ(scheduler.waiting(), 2u);
+  try {
+    scheduler.submit({request(3, 4)});
     FAIL() << "expected the queue limit";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
   }
-  // Nothing of the rejected group was queued; a fitting one runs.
-  const std::vector<Outcome> ok = collect(scheduler.submit({request(0, 4)}));
-  EXPECT_FALSE(ok[0].finish.empty());
+  gated.open();
+  // Nothing of the refused requests was queued; the others run.
+  EXPECT_FALSE(collect(running)[0].finish.empty());
+  for (const Outcome& o : collect(queued)) EXPECT_TRUE(o.finish == "length" || o.finish == "stop") << o.finish;
   scheduler.drain();
   try {
     scheduler.submit({request(0, 4)});
@@ -272,6 +316,27 @@ TEST_F(SchedulerTest, AFailingWorkerEndsRunningSequencesWithAnErrorAndServingGoe
   EXPECT_NE(failed[0].error.find("connection to worker lost"), std::string::npos);
   const std::vector<Outcome> next = collect(scheduler.submit({request(1, 4)}));
   EXPECT_TRUE(next[0].finish == "length" || next[0].finish == "stop") << next[0].finish << " " << next[0].error;
+  // The failed sequence's KV was released once the worker answered again.
+  scheduler.stop("test over");
+  EXPECT_EQ(worker.n_sequences(), 0u);
+}
+
+TEST_F(SchedulerTest, ASequenceThatAloneOutgrowsTheCacheEndsWithLengthAndKeepsItsText) {
+  LocalWorker probe(*model_, worker_options());
+  const WorkerInfo info = probe.info();
+  // One page per (layer, head): 64 slots for prompt and output together.
+  LocalWorker worker(*model_, worker_options(info.kv_page_bytes * size_t(info.n_layer * info.n_head_kv)));
+  metrics::Registry registry;
+  Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
+  SequenceRequest r = request(0, 150);
+  const std::vector<Outcome> got = collect(scheduler.submit({r}));
+  const std::vector<Outcome> reference = alone({r});
+  ASSERT_EQ(reference[0].finish, "length");
+  EXPECT_EQ(got[0].finish, "length") << got[0].error;
+  // 64 cached tokens, plus the last one sampled (never fed).
+  EXPECT_EQ(got[0].tokens.size() + r.prompt.size(), size_t(info.page_slots) + 1);
+  // What it generated is the start of the unbounded run.
+  EXPECT_TRUE(std::equal(got[0].tokens.begin(), got[0].tokens.end(), reference[0].tokens.begin()));
 }
 
 TEST_F(SchedulerTest, StopEndsQueuedAndRunningSequencesWithAnError) {

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Output tokens/s, TTFT and inter-token latency of `lazykv serve` and of
+# llama.cpp's llama-server on the same GGUF, same machine, same load generator
+# (`lazykv bench-serve`, streamed chat, ignore_eos so every request produces
+# exactly --max-tokens), at several concurrencies. Prints one JSON object.
+#   usage: bench/serve/compare_servers.sh LAZYKV_BINARY LLAMA_SERVER_BINARY MODEL.gguf
+#   env:   THREADS (2), CONCURRENCY ("1 8 32"), MAX_TOKENS (64), PROMPT_TOKENS (128)
+# llama-server is not part of lazykv: build it beside the project from a
+# llama.cpp checkout (cmake --build build --target llama-server).
+set -euo pipefail
+lazykv=$1 llama=$2 model=$3
+threads=${THREADS:-2}
+levels=${CONCURRENCY:-"1 8 32"}
+max_tokens=${MAX_TOKENS:-64}
+prompt_tokens=${PROMPT_TOKENS:-128}
+max_level=$(tr ' ' '\n' <<<"$levels" | sort -n | tail -1)
+work=$(mktemp -d)
+server=""
+trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$work"' EXIT
+
+wait_ready() {  # url
+  for _ in $(seq 1 600); do
+    curl -sf "$1/v1/models" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "server at $1 did not come up" >&2
+  return 1
+}
+
+run_levels() {  # name url
+  local name=$1 url=$2 first=1
+  printf '"%s": [' "$name"
+  for c in $levels; do
+    local n=$((c * 4 > 8 ? c * 4 : 8))
+    [ $first = 1 ] || printf ','
+    first=0
+    "$lazykv" bench-serve --url "$url" --concurrency "$c" --requests "$n" --max-tokens "$max_tokens" \
+      --prompt-tokens-approx "$prompt_tokens" --temperature 0 --ignore-eos --warmup 1
+  done
+  printf ']'
+}
+
+port=$((20000 + RANDOM % 20000))
+"$lazykv" serve --model "$model" --port "$port" --threads "$threads" --max-batch "$max_level" >"$work/lazykv.log" 2>&1 &
+server=$!
+wait_ready "http://127.0.0.1:$port"
+printf '{"model": "%s", "threads": %s, "max_tokens": %s, "prompt_tokens_approx": %s, ' \
+  "$(basename "$model")" "$threads" "$max_tokens" "$prompt_tokens"
+run_levels lazykv "http://127.0.0.1:$port"
+kill -TERM "$server"; wait "$server" || true
+server=""
+
+port=$((port + 1))
+# One slot per concurrent stream, each with room for prompt + output.
+"$llama" -m "$model" --port "$port" -t "$threads" -np "$max_level" -c $((max_level * 1024)) >"$work/llama.log" 2>&1 &
+server=$!
+wait_ready "http://127.0.0.1:$port"
+printf ', '
+run_levels llama_server "http://127.0.0.1:$port"
+printf '}\n'
+kill "$server"; wait "$server" 2>/dev/null || true
+server=""
