@@ -1,9 +1,11 @@
 // lazykv serve: the coordinator and one in-process CPU worker, serving the
-// OpenAI-compatible HTTP API until SIGTERM or SIGINT, then draining: no new
-// requests, running ones finish within --drain-seconds, exit 0.
+// OpenAI-compatible HTTP API (and, with --grpc-port, the lazykv.v1 gRPC API)
+// until SIGTERM or SIGINT, then draining: no new requests, running ones
+// finish within --drain-seconds, exit 0.
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <pthread.h>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "common/metrics/registry.h"
 #include "common/model_registry.h"
 #include "coordinator/api/openai_response.h"
+#include "coordinator/grpc/grpc_api.h"
 #include "coordinator/http/http_server.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/server/openai_service.h"
@@ -37,6 +40,7 @@ int run_serve(const std::vector<std::string>& args) {
       .add("served-model-name", "", "the model name clients send; default: the model file's name without .gguf")
       .add("host", "127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
       .add("port", "8000", "HTTP port (0: any free port, printed at start)")
+      .add("grpc-port", "-1", "gRPC port of the lazykv.v1 API and grpc.health.v1 (-1: off; 0: any free port)")
       .add("threads", "0", "CPU threads for the model; 0 is all cores")
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style)")
       .add("ctx", "0", "context limit per sequence in tokens; 0 is the model's training context")
@@ -59,6 +63,10 @@ int run_serve(const std::vector<std::string>& args) {
   }
   const int64_t port = flags.get_int("port");
   if (port < 0 || port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in [0, 65535]");
+  const int64_t grpc_port = flags.get_int("grpc-port");
+  if (grpc_port < -1 || grpc_port > 65535) {
+    throw Error(ErrorCode::kInvalidArgument, "--grpc-port must be -1 (off) or in [0, 65535]");
+  }
   const int64_t kv_mib = flags.get_int("kv-cache-mib");
   if (kv_mib < 1) throw Error(ErrorCode::kInvalidArgument, "--kv-cache-mib must be >= 1");
   const double drain_seconds = flags.get_double("drain-seconds");
@@ -110,6 +118,9 @@ int run_serve(const std::vector<std::string>& args) {
   };
   http::Server server(http_options, [&api](const http::Request& r, http::ResponseWriter& w) { api.handle(r, w); });
   server.start();
+  GrpcApi grpc_api(*m.tokenizer, scheduler, registry, service);
+  std::unique_ptr<GrpcServer> grpc_server;
+  if (grpc_port >= 0) grpc_server = std::make_unique<GrpcServer>(http_options.host, int(grpc_port), grpc_api);
 
   const std::string url = "http://" + http_options.host + ":" + std::to_string(server.port());
   std::printf("lazykv serve: model '%s' (kv policy %s, %lld MiB KV cache) listening on %s\n", service.model_id.c_str(),
@@ -118,6 +129,7 @@ int run_serve(const std::vector<std::string>& args) {
               "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"What is 12*7?\"}], "
               "\"max_tokens\": 64}'\n",
               url.c_str(), service.model_id.c_str());
+  if (grpc_server) std::printf("lazykv serve: gRPC on %s:%d\n", http_options.host.c_str(), grpc_server->port());
   std::fflush(stdout);
 
   int signal = 0;
@@ -125,19 +137,23 @@ int run_serve(const std::vector<std::string>& args) {
   std::fprintf(stderr, "lazykv serve: %s received, draining (up to %.0f s)\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                drain_seconds);
   api.set_ready(false);
+  if (grpc_server) grpc_server->set_serving(false);
   scheduler.drain();
   server.stop_accepting();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                                 std::chrono::duration<double>(drain_seconds));
   const bool idle = scheduler.wait_idle(deadline);
   // Request threads write their last bytes, within the same deadline.
-  while (api.in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+  while ((api.in_flight() > 0 || grpc_api.in_flight() > 0) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // Sequences still running past the deadline end with a clear error, which
-  // their request threads get 2 s to write.
+  // their request threads get 2 s to write (gRPC: UNAVAILABLE; calls still
+  // running after that are cancelled).
   scheduler.stop("the server is shutting down");
+  const auto last_writes = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
   server.stop(std::chrono::milliseconds(2000));
+  if (grpc_server) grpc_server->shutdown(last_writes);
   std::fprintf(stderr, "lazykv serve: stopped (%s)\n", idle ? "all requests finished" : "drain deadline passed");
   return 0;
 }

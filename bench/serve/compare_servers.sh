@@ -50,13 +50,21 @@ run_levels lazykv "http://127.0.0.1:$port"
 kill -TERM "$server"; wait "$server" || true
 server=""
 
-port=$((port + 1))
-# One slot per concurrent stream, each with room for prompt + output.
-"$llama" -m "$model" --port "$port" -t "$threads" -np "$max_level" -c $((max_level * 1024)) >"$work/llama.log" 2>&1 &
-server=$!
-wait_ready "http://127.0.0.1:$port"
-printf ', '
-run_levels llama_server "http://127.0.0.1:$port"
-printf '}\n'
-kill "$server"; wait "$server" 2>/dev/null || true
-server=""
+# llama-server gets one slot per concurrent stream at each level (its best
+# configuration for that load), each slot with room for prompt + output.
+printf ', "llama_server": ['
+first=1
+for c in $levels; do
+  port=$((port + 1))
+  "$llama" -m "$model" --port "$port" -t "$threads" -np "$c" -c $((c * 1024)) >"$work/llama.log" 2>&1 &
+  server=$!
+  wait_ready "http://127.0.0.1:$port"
+  [ $first = 1 ] || printf ','
+  first=0
+  n=$((c * 4 > 8 ? c * 4 : 8))
+  "$lazykv" bench-serve --url "http://127.0.0.1:$port" --concurrency "$c" --requests "$n" --max-tokens "$max_tokens" \
+    --prompt-tokens-approx "$prompt_tokens" --temperature 0 --ignore-eos --warmup 1
+  kill "$server"; wait "$server" 2>/dev/null || true
+  server=""
+done
+printf ']}\n'

@@ -1,0 +1,368 @@
+#include "coordinator/grpc/grpc_api.h"
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/metrics/metric_names.h"
+#include "coordinator/api/openai_request.h"
+
+namespace lazykv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// How often a call waiting for tokens checks that its client is still there.
+constexpr auto kClientPoll = std::chrono::milliseconds(50);
+
+constexpr const char* kGenerateEndpoint = "grpc_generate";
+constexpr const char* kListModelsEndpoint = "grpc_list_models";
+
+uint64_t random_u64() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+const char* code_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::OK: return "OK";
+    case grpc::CANCELLED: return "CANCELLED";
+    case grpc::UNKNOWN: return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND: return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::ABORTED: return "ABORTED";
+    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::INTERNAL: return "INTERNAL";
+    case grpc::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::DATA_LOSS: return "DATA_LOSS";
+    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+// The metrics `type` of a failed call, as the HTTP service names its statuses.
+std::string error_type(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::UNAUTHENTICATED: return "authentication";
+    case grpc::RESOURCE_EXHAUSTED: return "rate_limited";
+    case grpc::UNAVAILABLE: return "overloaded";
+    case grpc::CANCELLED: return "cancelled";
+    case grpc::INTERNAL:
+    case grpc::UNKNOWN: return "internal";
+    default: return "invalid_request";
+  }
+}
+
+// An HTTP API error as a gRPC status.
+grpc::Status to_status(const api::ApiError& e) {
+  switch (e.status) {
+    case 401: return {grpc::UNAUTHENTICATED, e.what()};
+    case 404: return {grpc::NOT_FOUND, e.what()};
+    case 429: return {grpc::RESOURCE_EXHAUSTED, e.what()};
+    case 503: return {grpc::UNAVAILABLE, e.what()};
+    default: return {e.status >= 500 ? grpc::INTERNAL : grpc::INVALID_ARGUMENT, e.what()};
+  }
+}
+
+// The request as the body of the equivalent OpenAI request, so that
+// api::parse_generation_request validates both APIs by the same rules, with
+// the same messages. log-probabilities are read separately (their OpenAI
+// forms differ between the two endpoints).
+nlohmann::json to_openai_body(const v1::GenerateRequest& q, api::Endpoint& endpoint) {
+  nlohmann::json body = nlohmann::json::object();
+  body["model"] = q.model();
+  endpoint = api::Endpoint::kCompletions;
+  switch (q.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      body["prompt"] = q.prompt();
+      break;
+    case v1::GenerateRequest::kPromptTokens:
+      if (q.prompt_tokens().ids().empty()) throw api::invalid_request("'prompt_tokens' must not be empty", "prompt");
+      body["prompt"] = nlohmann::json(std::vector<int32_t>(q.prompt_tokens().ids().begin(), q.prompt_tokens().ids().end()));
+      break;
+    case v1::GenerateRequest::kChat: {
+      endpoint = api::Endpoint::kChatCompletions;
+      nlohmann::json& messages = body["messages"] = nlohmann::json::array();
+      for (const v1::ChatMessage& m : q.chat().messages()) {
+        messages.push_back({{"role", m.role()}, {"content", m.content()}});
+      }
+      break;
+    }
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      throw api::invalid_request("one of 'prompt', 'prompt_tokens' or 'chat' is required", "prompt");
+  }
+  if (q.has_max_tokens()) body["max_tokens"] = q.max_tokens();
+  if (q.has_temperature()) body["temperature"] = q.temperature();
+  if (q.has_top_p()) body["top_p"] = q.top_p();
+  if (q.has_top_k()) body["top_k"] = q.top_k();
+  if (q.has_min_p()) body["min_p"] = q.min_p();
+  if (q.has_seed()) body["seed"] = q.seed();
+  if (!q.stop().empty()) body["stop"] = std::vector<std::string>(q.stop().begin(), q.stop().end());
+  if (q.has_n()) body["n"] = q.n();
+  if (q.ignore_eos()) body["ignore_eos"] = true;
+  if (q.has_kv_policy() && (!q.kv_policy().name().empty() || !q.kv_policy().params().empty())) {
+    nlohmann::json policy = {{"name", q.kv_policy().name()}};
+    for (const auto& [name, value] : q.kv_policy().params()) policy[name] = value;
+    body["kv_policy"] = std::move(policy);
+  }
+  return body;
+}
+
+// Holds Generate's in-flight count for the call's lifetime.
+struct InFlight {
+  explicit InFlight(std::atomic<int>& n) : n_(n) { ++n_; }
+  ~InFlight() { --n_; }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  std::atomic<int>& n_;
+};
+
+}  // namespace
+
+GrpcApi::GrpcApi(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config)
+    : tokenizer_(tokenizer), prompts_(tokenizer), scheduler_(scheduler), metrics_(metrics), config_(std::move(config)) {}
+
+grpc::Status GrpcApi::finish(const std::string& endpoint, grpc::Status status) {
+  metrics_.counter(metrics::kRequests, {endpoint, code_name(status.error_code())}).inc();
+  if (!status.ok()) metrics_.counter(metrics::kErrors, {error_type(status.error_code())}).inc();
+  return status;
+}
+
+grpc::Status GrpcApi::authenticate(const grpc::ServerContext& context) const {
+  if (config_.api_keys.empty()) return grpc::Status::OK;
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (it != metadata.end()) {
+    const std::string_view auth(it->second.data(), it->second.size());
+    if (auth.substr(0, kBearer.size()) == kBearer) {
+      for (const std::string& k : config_.api_keys) {
+        if (auth.substr(kBearer.size()) == k) return grpc::Status::OK;
+      }
+    }
+  }
+  return {grpc::UNAUTHENTICATED, it == metadata.end()
+                                     ? "missing API key: send the metadata 'authorization: Bearer <key>'"
+                                     : "incorrect API key provided"};
+}
+
+grpc::Status GrpcApi::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,
+                                 v1::ListModelsResponse* response) {
+  if (grpc::Status auth = authenticate(*context); !auth.ok()) return finish(kListModelsEndpoint, auth);
+  v1::Model* model = response->add_models();
+  model->set_id(config_.model_id);
+  model->set_context_length(scheduler_.worker_info().n_ctx);
+  model->set_owned_by("lazykv");
+  return finish(kListModelsEndpoint, grpc::Status::OK);
+}
+
+grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                               grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const auto arrival = Clock::now();
+  InFlight in_flight(in_flight_);
+  if (grpc::Status auth = authenticate(*context); !auth.ok()) return finish(kGenerateEndpoint, auth);
+
+  std::vector<SequenceHandle> handles;
+  try {
+    api::Endpoint endpoint{};
+    const nlohmann::json body = to_openai_body(*request, endpoint);
+    const bool chat = endpoint == api::Endpoint::kChatCompletions;
+    const api::GenerationRequest r = api::parse_generation_request(endpoint, body.dump(), config_.limits);
+    const int top_logprobs = request->has_top_logprobs() ? request->top_logprobs() : -1;
+    if (top_logprobs < -1 || top_logprobs > 20) {
+      throw api::invalid_request("'top_logprobs' must be between -1 and 20, got " + std::to_string(top_logprobs),
+                                 "top_logprobs");
+    }
+    if (r.model != config_.model_id) {
+      throw api::ApiError(404, "invalid_request_error",
+                          "The model '" + r.model + "' does not exist; this server serves '" + config_.model_id + "'",
+                          "model", "model_not_found");
+    }
+
+    // Tokenize, resolve max_tokens against the context, one SequenceRequest
+    // per choice: as OpenAiService::generate does for one prompt.
+    std::vector<int32_t> prompt;
+    try {
+      if (chat) {
+        prompt = prompts_.encode_chat(r.messages);
+      } else if (r.prompts.front().is_tokens) {
+        prompt = r.prompts.front().tokens;
+        for (int32_t id : prompt) {
+          if (id < 0 || id >= tokenizer_.n_vocab()) {
+            throw api::invalid_request("token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                           std::to_string(tokenizer_.n_vocab()) + " tokens",
+                                       "prompt");
+          }
+        }
+      } else {
+        prompt = prompts_.encode_text(r.prompts.front().text);
+      }
+    } catch (const Error& e) {
+      throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
+    }
+    const int32_t n_ctx = scheduler_.worker_info().n_ctx;
+    const int32_t len = int32_t(prompt.size());
+    int32_t max_tokens = 0;
+    if (r.max_tokens) {
+      max_tokens = *r.max_tokens;
+    } else {
+      max_tokens = chat ? n_ctx - len : std::min(config_.completions_default_max_tokens, n_ctx - len);
+      if (config_.limits.max_tokens_cap > 0) max_tokens = std::min(max_tokens, config_.limits.max_tokens_cap);
+    }
+    const char* input = chat ? "messages" : "prompt";
+    if (len >= n_ctx || int64_t(len) + max_tokens > n_ctx) {
+      throw api::invalid_request("This model's maximum context length is " + std::to_string(n_ctx) +
+                                     " tokens. However, you requested " + std::to_string(int64_t(len) + max_tokens) +
+                                     " tokens (" + std::to_string(len) + " in the " + input + ", " +
+                                     std::to_string(max_tokens) + " in the completion). Please reduce the length of the " +
+                                     input + " or completion.",
+                                 input, "context_length_exceeded");
+    }
+    std::vector<SequenceRequest> sequences;
+    for (int j = 0; j < r.n; ++j) {
+      SequenceRequest s;
+      s.prompt = prompt;
+      s.max_new_tokens = max_tokens;
+      s.sampling.temperature = r.temperature;
+      s.sampling.top_p = r.top_p;
+      s.sampling.top_k = r.top_k;
+      s.sampling.min_p = r.min_p;
+      // Each choice its own stream of random numbers, reproducible from the seed.
+      s.sampling.seed = r.seed ? *r.seed + uint64_t(j) : random_u64();
+      s.policy = r.kv_policy ? *r.kv_policy : config_.default_policy;
+      s.top_logprobs = top_logprobs;
+      s.stop = r.stop;
+      s.ignore_eos = r.ignore_eos;
+      s.arrival = arrival;
+      sequences.push_back(std::move(s));
+    }
+    try {
+      handles = scheduler_.submit(std::move(sequences));
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) return finish(kGenerateEndpoint, {grpc::UNAVAILABLE, e.what()});
+      throw api::invalid_request(e.what(), input);
+    }
+  } catch (const api::ApiError& e) {
+    return finish(kGenerateEndpoint, to_status(e));
+  }
+
+  // Stream the sequences' events.
+  std::map<uint64_t, uint32_t> index_of;
+  for (size_t i = 0; i < handles.size(); ++i) index_of[handles[i].id] = uint32_t(i);
+  const std::shared_ptr<SequenceStream> stream = handles.front().stream;
+  v1::GenerateResponse::Usage usage;
+  size_t n_done = 0;
+  std::optional<grpc::Status> failure;
+  bool client_gone = false;
+  const bool logprobs = request->has_top_logprobs() && request->top_logprobs() >= 0;
+  v1::GenerateResponse message;
+  while (n_done < handles.size() && !client_gone && !failure) {
+    const std::vector<SequenceEvent> events = stream->wait(kClientPoll);
+    if (context->IsCancelled()) {
+      client_gone = true;
+      break;
+    }
+    for (const SequenceEvent& e : events) {
+      const uint32_t index = index_of.at(e.sequence);
+      message.Clear();
+      if (e.kind == SequenceEvent::Kind::kToken) {
+        v1::GenerateResponse::Token* token = message.mutable_token();
+        token->set_index(index);
+        token->set_text(e.text);
+        token->set_token_id(e.token.id);
+        if (logprobs) {
+          token->set_logprob(e.token.logprob);
+          for (const auto& [bytes, lp] : e.token.top) {
+            v1::TopLogprob* top = token->add_top_logprobs();
+            top->set_token(bytes);
+            top->set_logprob(lp);
+          }
+        }
+      } else {
+        ++n_done;
+        usage.set_completion_tokens(usage.completion_tokens() + e.completion_tokens);
+        if (index == 0) usage.set_prompt_tokens(e.prompt_tokens);  // the choices share one prompt
+        if (e.finish_reason == "error" || e.finish_reason == "cancelled") {
+          if (!failure) {
+            failure = grpc::Status(e.unavailable ? grpc::UNAVAILABLE : grpc::INTERNAL,
+                                   e.error.empty() ? "the sequence was cancelled" : e.error);
+          }
+          break;
+        }
+        v1::GenerateResponse::Finish* fin = message.mutable_finish();
+        fin->set_index(index);
+        fin->set_text(e.text);
+        fin->set_finish_reason(e.finish_reason);
+        fin->set_completion_tokens(e.completion_tokens);
+      }
+      if (!writer->Write(message)) {
+        client_gone = true;
+        break;
+      }
+    }
+  }
+  if (client_gone || failure) {
+    for (const SequenceHandle& h : handles) scheduler_.cancel(h.id);
+  }
+  metrics_.histogram(metrics::kRequestDuration).observe(std::chrono::duration<double>(Clock::now() - arrival).count());
+  if (client_gone) return finish(kGenerateEndpoint, {grpc::CANCELLED, "the client cancelled the call"});
+  if (failure) return finish(kGenerateEndpoint, *failure);
+  usage.set_total_tokens(usage.prompt_tokens() + usage.completion_tokens());
+  message.Clear();
+  *message.mutable_usage() = usage;
+  if (!writer->Write(message)) {
+    return finish(kGenerateEndpoint, {grpc::CANCELLED, "the client cancelled the call"});
+  }
+  return finish(kGenerateEndpoint, grpc::Status::OK);
+}
+
+GrpcServer::GrpcServer(const std::string& host, int port, grpc::Service& service) {
+  // IPv6 literals need brackets in a gRPC address.
+  const std::string address =
+      (host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host) + ":" +
+      std::to_string(port);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  // Without this, Linux lets a second server bind the same port and share its calls.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(&service);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    if (server_) server_->Shutdown();
+    throw Error(ErrorCode::kIo, "cannot listen for gRPC on " + address);
+  }
+  set_serving(true);
+}
+
+GrpcServer::~GrpcServer() { shutdown(std::chrono::steady_clock::now()); }
+
+void GrpcServer::set_serving(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(GrpcApi::kServiceName, serving);
+}
+
+void GrpcServer::shutdown(std::chrono::steady_clock::time_point deadline) {
+  if (stopped_) return;
+  stopped_ = true;
+  // gRPC's deadlines are on the system clock.
+  const auto left = std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now());
+  server_->Shutdown(std::chrono::system_clock::now() + std::max(left, std::chrono::system_clock::duration::zero()));
+  server_->Wait();
+}
+
+}  // namespace lazykv

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A bounded load test: 64 concurrent streams against `lazykv serve` for two
+# rounds of LOAD_SECONDS (default 60, so 2 minutes in all) with the load
+# generator (`lazykv bench-serve`). Passes when no request fails, nothing is
+# left running or cached afterwards, and the server's memory does not keep
+# growing (resident set after round 2 within 10% of after round 1).
+#   usage: load_test.sh LAZYKV_BINARY
+set -uo pipefail
+bin=$1
+[ -f "${LAZYKV_DEFAULT_MODEL:-}" ] || { echo "skipped: LAZYKV_DEFAULT_MODEL is not set"; exit 77; }
+seconds=${LOAD_SECONDS:-60}
+streams=${LOAD_STREAMS:-64}
+work=$(mktemp -d)
+server=""
+trap '[ -n "$server" ] && kill -9 "$server" 2>/dev/null; rm -rf "$work"' EXIT
+failures=0
+check() { local what=$1; shift; if "$@"; then echo "ok: $what"; else echo "FAILED: $what" >&2; failures=$((failures + 1)); fi; }
+json() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$server/status"; }
+
+"$bin" serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --max-batch "$streams" >"$work/serve.log" 2>&1 &
+server=$!
+url=""
+for _ in $(seq 1 300); do
+  url=$(grep -o 'listening on http://[0-9.:]*' "$work/serve.log" | head -1 | sed 's/listening on //')
+  [ -n "$url" ] && break
+  sleep 0.1
+done
+[ -n "$url" ] || { cat "$work/serve.log" >&2; exit 1; }
+
+for round in 1 2; do
+  "$bin" bench-serve --url "$url" --concurrency "$streams" --duration "$seconds" --max-tokens 48 \
+    --prompt-tokens-approx 64 --temperature 0.7 --seed "$round" >"$work/round$round.json"
+  code=$?
+  check "round $round: bench-serve exit $code" test "$code" = 0
+  check "round $round: $(json "$work/round$round.json" 'd["requests"]') requests, $(json "$work/round$round.json" 'd["errors"]') errors, $(json "$work/round$round.json" 'round(d["output_tokens_per_s"], 1)') tok/s" \
+    test "$(json "$work/round$round.json" 'd["errors"] == 0 and d["requests"] >= d["concurrency"]')" = True
+  eval "rss$round=$(rss_kib)"
+done
+echo "resident set after round 1: ${rss1} KiB, after round 2: ${rss2} KiB"
+check "memory is stable (round 2 within 10% of round 1)" test "$rss2" -le $((rss1 + rss1 / 10))
+metrics=$(curl -s "$url/metrics")
+check "nothing left running" grep -q '^lazykv_requests_running 0$' <<<"$metrics"
+check "no KV left in use" grep -q '^lazykv_kv_bytes{tier="device"} 0$' <<<"$metrics"
+# SIGTERM under load: streams in flight finish (drain), later requests are
+# refused; nothing hangs and the server exits 0.
+"$bin" bench-serve --url "$url" --concurrency 16 --duration 10 --max-tokens 32 --prompt-tokens-approx 64 \
+  --timeout 60 >"$work/drain.json" 2>/dev/null &
+load=$!
+sleep 3
+kill -TERM "$server"
+wait "$server"
+check "SIGTERM under load exits 0" test $? = 0
+server=""
+wait "$load"
+check "the load generator finished after the drain" test -s "$work/drain.json"
+completed=$(json "$work/drain.json" 'd["requests"] - d["errors"]')
+check "requests in flight at SIGTERM completed ($completed of $(json "$work/drain.json" 'd["requests"]'))" test "$completed" -ge 1
+cat "$work/round2.json"
+[ "$failures" -eq 0 ] || exit 1
+echo "load test passed"
