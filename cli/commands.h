@@ -19,6 +19,8 @@ int run_replay_policy(const std::vector<std::string>& args);
 int run_eval(const std::vector<std::string>& args);
 int run_serve(const std::vector<std::string>& args);
 int run_bench_serve(const std::vector<std::string>& args);
+int run_worker(const std::vector<std::string>& args);
+int run_coordinator(const std::vector<std::string>& args);
 
 // A model with its tokenizer: from GGUF metadata, or tokenizer.json for a
 // Hugging Face directory.

@@ -13,6 +13,8 @@ constexpr const char* kUsage =
     "usage: lazykv <command> [flags]\n"
     "commands:\n"
     "  serve      the OpenAI-compatible HTTP server (coordinator and a CPU worker in one process)\n"
+    "  coordinator  the HTTP API and scheduler over a remote worker (lazykv worker)\n"
+    "  worker     serve a model to a coordinator over gRPC (the step protocol)\n"
     "  generate   stream a completion from a model\n"
     "  bench      measure prefill and decode speed (JSON)\n"
     "  bench-serve  load an OpenAI-compatible server with concurrent streams (JSON)\n"
@@ -31,6 +33,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (command == "serve") return lazykv::run_serve(args);
+    if (command == "coordinator") return lazykv::run_coordinator(args);
+    if (command == "worker") return lazykv::run_worker(args);
     if (command == "generate") return lazykv::run_generate(args);
     if (command == "bench") return lazykv::run_bench(args);
     if (command == "bench-serve") return lazykv::run_bench_serve(args);

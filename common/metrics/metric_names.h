@@ -60,7 +60,7 @@ inline constexpr MetricDef kRequestsRunning{
 inline constexpr MetricDef kRequestsWaiting{
     "lazykv_requests_waiting", MetricType::kGauge, "Sequences queued for admission.", no_labels(), no_buckets()};
 inline constexpr MetricDef kRequests{
-    "lazykv_requests_total", MetricType::kCounter, "HTTP API requests answered, by endpoint and status code.",
+    "lazykv_requests_total", MetricType::kCounter, "API requests answered (HTTP and gRPC), by endpoint and status code.",
     kRequestLabels, no_buckets()};
 inline constexpr MetricDef kPromptTokens{
     "lazykv_prompt_tokens_total", MetricType::kCounter, "Prompt tokens admitted for prefill.", no_labels(),

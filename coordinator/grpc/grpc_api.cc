@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <map>
 #include <optional>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/server/sequence_builder.h"
 
 namespace lazykv {
 namespace {
@@ -23,11 +23,6 @@ constexpr auto kClientPoll = std::chrono::milliseconds(50);
 
 constexpr const char* kGenerateEndpoint = "grpc_generate";
 constexpr const char* kListModelsEndpoint = "grpc_list_models";
-
-uint64_t random_u64() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return rng();
-}
 
 const char* code_name(grpc::StatusCode code) {
   switch (code) {
@@ -90,7 +85,7 @@ nlohmann::json to_openai_body(const v1::GenerateRequest& q, api::Endpoint& endpo
       break;
     case v1::GenerateRequest::kPromptTokens:
       if (q.prompt_tokens().ids().empty()) throw api::invalid_request("'prompt_tokens' must not be empty", "prompt");
-      body["prompt"] = nlohmann::json(std::vector<int32_t>(q.prompt_tokens().ids().begin(), q.prompt_tokens().ids().end()));
+      body["prompt"] = std::vector<int32_t>(q.prompt_tokens().ids().begin(), q.prompt_tokens().ids().end());
       break;
     case v1::GenerateRequest::kChat: {
       endpoint = api::Endpoint::kChatCompletions;
@@ -132,7 +127,11 @@ struct InFlight {
 }  // namespace
 
 GrpcApi::GrpcApi(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config)
-    : tokenizer_(tokenizer), prompts_(tokenizer), scheduler_(scheduler), metrics_(metrics), config_(std::move(config)) {}
+    : tokenizer_(tokenizer),
+      prompts_(tokenizer),
+      scheduler_(scheduler),
+      metrics_(metrics),
+      config_(std::move(config)) {}
 
 grpc::Status GrpcApi::finish(const std::string& endpoint, grpc::Status status) {
   metrics_.counter(metrics::kRequests, {endpoint, code_name(status.error_code())}).inc();
@@ -140,17 +139,16 @@ grpc::Status GrpcApi::finish(const std::string& endpoint, grpc::Status status) {
   return status;
 }
 
-grpc::Status GrpcApi::authenticate(const grpc::ServerContext& context) const {
+grpc::Status GrpcApi::authenticate(const grpc::ServerContext& context, std::string* key) const {
   if (config_.api_keys.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("authorization");
   constexpr std::string_view kBearer = "Bearer ";
   if (it != metadata.end()) {
     const std::string_view auth(it->second.data(), it->second.size());
-    if (auth.substr(0, kBearer.size()) == kBearer) {
-      for (const std::string& k : config_.api_keys) {
-        if (auth.substr(kBearer.size()) == k) return grpc::Status::OK;
-      }
+    if (auth.substr(0, kBearer.size()) == kBearer && config_.accepts_key(auth.substr(kBearer.size()))) {
+      if (key != nullptr) *key = std::string(auth.substr(kBearer.size()));
+      return grpc::Status::OK;
     }
   }
   return {grpc::UNAUTHENTICATED, it == metadata.end()
@@ -172,10 +170,13 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
                                grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const auto arrival = Clock::now();
   InFlight in_flight(in_flight_);
-  if (grpc::Status auth = authenticate(*context); !auth.ok()) return finish(kGenerateEndpoint, auth);
+  std::string key;
+  if (grpc::Status auth = authenticate(*context, &key); !auth.ok()) return finish(kGenerateEndpoint, auth);
 
   std::vector<SequenceHandle> handles;
+  KeyLimiter::Slot slot;
   try {
+    if (config_.key_limiter) slot = config_.key_limiter->acquire(key);
     api::Endpoint endpoint{};
     const nlohmann::json body = to_openai_body(*request, endpoint);
     const bool chat = endpoint == api::Endpoint::kChatCompletions;
@@ -191,63 +192,13 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
                           "model", "model_not_found");
     }
 
-    // Tokenize, resolve max_tokens against the context, one SequenceRequest
-    // per choice: as OpenAiService::generate does for one prompt.
-    std::vector<int32_t> prompt;
-    try {
-      if (chat) {
-        prompt = prompts_.encode_chat(r.messages);
-      } else if (r.prompts.front().is_tokens) {
-        prompt = r.prompts.front().tokens;
-        for (int32_t id : prompt) {
-          if (id < 0 || id >= tokenizer_.n_vocab()) {
-            throw api::invalid_request("token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                           std::to_string(tokenizer_.n_vocab()) + " tokens",
-                                       "prompt");
-          }
-        }
-      } else {
-        prompt = prompts_.encode_text(r.prompts.front().text);
-      }
-    } catch (const Error& e) {
-      throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
-    }
-    const int32_t n_ctx = scheduler_.worker_info().n_ctx;
-    const int32_t len = int32_t(prompt.size());
-    int32_t max_tokens = 0;
-    if (r.max_tokens) {
-      max_tokens = *r.max_tokens;
-    } else {
-      max_tokens = chat ? n_ctx - len : std::min(config_.completions_default_max_tokens, n_ctx - len);
-      if (config_.limits.max_tokens_cap > 0) max_tokens = std::min(max_tokens, config_.limits.max_tokens_cap);
-    }
+    api::GenerationRequest with_logprobs = r;
+    with_logprobs.logprobs = top_logprobs >= 0;
+    with_logprobs.top_logprobs = std::max(top_logprobs, 0);
+    const std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, 0);
+    const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), scheduler_.worker_info().n_ctx, config_);
     const char* input = chat ? "messages" : "prompt";
-    if (len >= n_ctx || int64_t(len) + max_tokens > n_ctx) {
-      throw api::invalid_request("This model's maximum context length is " + std::to_string(n_ctx) +
-                                     " tokens. However, you requested " + std::to_string(int64_t(len) + max_tokens) +
-                                     " tokens (" + std::to_string(len) + " in the " + input + ", " +
-                                     std::to_string(max_tokens) + " in the completion). Please reduce the length of the " +
-                                     input + " or completion.",
-                                 input, "context_length_exceeded");
-    }
-    std::vector<SequenceRequest> sequences;
-    for (int j = 0; j < r.n; ++j) {
-      SequenceRequest s;
-      s.prompt = prompt;
-      s.max_new_tokens = max_tokens;
-      s.sampling.temperature = r.temperature;
-      s.sampling.top_p = r.top_p;
-      s.sampling.top_k = r.top_k;
-      s.sampling.min_p = r.min_p;
-      // Each choice its own stream of random numbers, reproducible from the seed.
-      s.sampling.seed = r.seed ? *r.seed + uint64_t(j) : random_u64();
-      s.policy = r.kv_policy ? *r.kv_policy : config_.default_policy;
-      s.top_logprobs = top_logprobs;
-      s.stop = r.stop;
-      s.ignore_eos = r.ignore_eos;
-      s.arrival = arrival;
-      sequences.push_back(std::move(s));
-    }
+    std::vector<SequenceRequest> sequences = make_sequences(with_logprobs, prompt, max_tokens, config_, 0, arrival);
     try {
       handles = scheduler_.submit(std::move(sequences));
     } catch (const Error& e) {

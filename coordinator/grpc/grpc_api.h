@@ -16,7 +16,7 @@
 
 #include "common/metrics/registry.h"
 #include "coordinator/scheduler/scheduler.h"
-#include "coordinator/server/openai_service.h"
+#include "coordinator/server/service_config.h"
 #include "coordinator/server/prompt_encoder.h"
 #include "lazykv/v1/lazykv.grpc.pb.h"
 
@@ -40,7 +40,8 @@ class GrpcApi final : public lazykv::v1::Lazykv::Service {
  private:
   // Non-OK with UNAUTHENTICATED when API keys are on and the call has no valid
   // "authorization: Bearer <key>" metadata.
-  grpc::Status authenticate(const grpc::ServerContext& context) const;
+  // On success *key (when given) is the caller's key ("" with keys off).
+  grpc::Status authenticate(const grpc::ServerContext& context, std::string* key = nullptr) const;
   // Counts the call's status in kRequests (and kErrors when it failed).
   grpc::Status finish(const std::string& endpoint, grpc::Status status);
 

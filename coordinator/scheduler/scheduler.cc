@@ -9,6 +9,8 @@
 namespace lazykv {
 
 using Clock = std::chrono::steady_clock;
+// After a worker failure, how long until the next attempt.
+constexpr auto kWorkerRetryDelay = std::chrono::milliseconds(100);
 
 struct Scheduler::Sequence {
   Sequence(uint64_t id, SequenceRequest r, std::shared_ptr<SequenceStream> stream, const Tokenizer& tokenizer)
@@ -267,6 +269,9 @@ bool Scheduler::step_once() {
     pending_release_.insert(pending_release_.end(), plan.release.begin(), plan.release.end());
     for (const SequenceStart& s : plan.start) pending_release_.push_back(s.seq);
     update_gauges();
+    // Retry the releases a little later, not in a busy loop against a dead worker.
+    std::unique_lock lock(mutex_);
+    wake_.wait_for(lock, kWorkerRetryDelay, [&] { return stopping_; });
     return true;
   }
   metrics_.histogram(metrics::kStepDuration, {options_.worker_label}).observe(result.seconds);

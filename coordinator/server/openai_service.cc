@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
 #include "coordinator/api/openai_response.h"
+#include "coordinator/server/sequence_builder.h"
 
 namespace lazykv {
 namespace {
@@ -58,36 +59,6 @@ api::TokenLogprob to_api(const TokenInfo& token, int32_t offset) {
   return out;
 }
 
-// Holds one in-flight slot of an API key for the request's lifetime.
-class KeySlot {
- public:
-  KeySlot(std::mutex& mutex, std::map<std::string, int>& per_key, const std::string& key, int limit)
-      : mutex_(mutex), per_key_(per_key), key_(key) {
-    if (limit <= 0) return;
-    std::lock_guard lock(mutex_);
-    if (per_key_[key_] >= limit) {
-      throw api::ApiError(429, "rate_limit_error",
-                          "too many concurrent requests for this API key (the limit is " + std::to_string(limit) + ")",
-                          "", "rate_limit_exceeded");
-    }
-    ++per_key_[key_];
-    held_ = true;
-  }
-  ~KeySlot() {
-    if (!held_) return;
-    std::lock_guard lock(mutex_);
-    if (--per_key_[key_] == 0) per_key_.erase(key_);
-  }
-  KeySlot(const KeySlot&) = delete;
-  KeySlot& operator=(const KeySlot&) = delete;
-
- private:
-  std::mutex& mutex_;
-  std::map<std::string, int>& per_key_;
-  std::string key_;
-  bool held_ = false;
-};
-
 }  // namespace
 
 OpenAiService::OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics,
@@ -111,11 +82,8 @@ std::string OpenAiService::authenticate(const http::Request& request) const {
   if (config_.api_keys.empty()) return "";
   const std::string_view auth = request.header("authorization");
   constexpr std::string_view kBearer = "Bearer ";
-  if (auth.substr(0, kBearer.size()) == kBearer) {
-    const std::string key(auth.substr(kBearer.size()));
-    for (const std::string& k : config_.api_keys) {
-      if (k == key) return key;
-    }
+  if (auth.substr(0, kBearer.size()) == kBearer && config_.accepts_key(auth.substr(kBearer.size()))) {
+    return std::string(auth.substr(kBearer.size()));
   }
   throw api::ApiError(401, "authentication_error",
                       auth.empty() ? "missing API key: send the header 'Authorization: Bearer <key>'"
@@ -200,10 +168,10 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
   api::GenerationRequest r;
   std::vector<std::string> prompt_texts;  // for echo
   std::vector<SequenceHandle> handles;
-  std::optional<KeySlot> slot;
+  KeyLimiter::Slot slot;
   try {
     const std::string key = authenticate(request);
-    slot.emplace(mutex_, per_key_, key, config_.max_concurrent_per_key);
+    if (config_.key_limiter) slot = config_.key_limiter->acquire(key);
     r = api::parse_generation_request(endpoint, request.body, config_.limits);
     log_ignored_fields(r.ignored_fields);
     if (r.model != config_.model_id) {
@@ -212,67 +180,14 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
                           "model", "model_not_found");
     }
 
-    std::vector<std::vector<int32_t>> prompts;
-    try {
-      if (chat) {
-        prompts.push_back(prompts_.encode_chat(r.messages));
-      } else {
-        for (const api::Prompt& p : r.prompts) {
-          if (p.is_tokens) {
-            for (int32_t id : p.tokens) {
-              if (id < 0 || id >= tokenizer_.n_vocab()) {
-                throw api::invalid_request("token id " + std::to_string(id) + " is outside the vocabulary of " +
-                                               std::to_string(tokenizer_.n_vocab()) + " tokens",
-                                           "prompt");
-              }
-            }
-            prompts.push_back(p.tokens);
-            prompt_texts.push_back(tokenizer_.decode(p.tokens));
-          } else {
-            prompts.push_back(prompts_.encode_text(p.text));
-            prompt_texts.push_back(p.text);
-          }
-        }
-      }
-    } catch (const Error& e) {
-      throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
-    }
-
+    const size_t n_prompts = chat ? 1 : r.prompts.size();
     const int32_t n_ctx = scheduler_.worker_info().n_ctx;
     std::vector<SequenceRequest> sequences;
-    for (const std::vector<int32_t>& prompt : prompts) {
-      const int32_t len = int32_t(prompt.size());
-      int32_t max_tokens = 0;
-      if (r.max_tokens) {
-        max_tokens = *r.max_tokens;
-      } else {
-        max_tokens = chat ? n_ctx - len : std::min(config_.completions_default_max_tokens, n_ctx - len);
-        if (config_.limits.max_tokens_cap > 0) max_tokens = std::min(max_tokens, config_.limits.max_tokens_cap);
-      }
-      if (len >= n_ctx || int64_t(len) + max_tokens > n_ctx) {
-        throw api::invalid_request("This model's maximum context length is " + std::to_string(n_ctx) +
-                                       " tokens. However, you requested " + std::to_string(int64_t(len) + max_tokens) +
-                                       " tokens (" + std::to_string(len) + " in the " + (chat ? "messages" : "prompt") +
-                                       ", " + std::to_string(max_tokens) +
-                                       " in the completion). Please reduce the length of the " +
-                                       (chat ? "messages" : "prompt") + " or completion.",
-                                   chat ? "messages" : "prompt", "context_length_exceeded");
-      }
-      for (int j = 0; j < r.n; ++j) {
-        SequenceRequest s;
-        s.prompt = prompt;
-        s.max_new_tokens = max_tokens;
-        s.sampling.temperature = r.temperature;
-        s.sampling.top_p = r.top_p;
-        s.sampling.top_k = r.top_k;
-        s.sampling.min_p = r.min_p;
-        // Each choice its own stream of random numbers, reproducible from the seed.
-        s.sampling.seed = r.seed ? *r.seed + uint64_t(sequences.size()) : random_u64();
-        s.policy = r.kv_policy ? *r.kv_policy : config_.default_policy;
-        s.top_logprobs = r.logprobs ? r.top_logprobs : -1;
-        s.stop = r.stop;
-        s.ignore_eos = r.ignore_eos;
-        s.arrival = arrival;
+    for (size_t p = 0; p < n_prompts; ++p) {
+      const std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
+      if (!chat) prompt_texts.push_back(r.prompts[p].is_tokens ? tokenizer_.decode(prompt) : r.prompts[p].text);
+      const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), n_ctx, config_);
+      for (SequenceRequest& s : make_sequences(r, prompt, max_tokens, config_, sequences.size(), arrival)) {
         sequences.push_back(std::move(s));
       }
     }
@@ -398,14 +313,17 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     if (failure) break;
   }
 
-  if (client_gone || failure) cancel_all();
   const double seconds = std::chrono::duration<double>(Clock::now() - arrival).count();
   metrics_.histogram(metrics::kRequestDuration).observe(seconds);
   if (client_gone) {
+    // Counted before the cancel, so the metrics never show the KV freed
+    // without the cancellation.
     count(ep, 499);  // nginx's "client closed request"
     metrics_.counter(metrics::kErrors, {"cancelled"}).inc();
+    cancel_all();
     return;
   }
+  if (failure) cancel_all();
   if (streaming) {
     if (failure) {
       count(ep, failure->status);

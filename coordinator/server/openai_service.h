@@ -17,18 +17,10 @@
 #include "coordinator/http/http_server.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/server/prompt_encoder.h"
+#include "coordinator/server/service_config.h"
 
 namespace lazykv {
 
-struct ServiceConfig {
-  std::string model_id;                  // the name clients pass as "model"
-  std::vector<std::string> api_keys;     // empty: no authentication
-  int max_concurrent_per_key = 0;        // requests in flight per API key; 0: unlimited
-  api::RequestLimits limits;
-  PolicyConfig default_policy = make_policy_config("full");  // when a request names no kv_policy
-  int32_t completions_default_max_tokens = 16;  // OpenAI's default for /v1/completions
-  std::string version;
-};
 
 class OpenAiService {
  public:
@@ -59,7 +51,6 @@ class OpenAiService {
   std::atomic<bool> ready_{true};
   std::atomic<int> in_flight_{0};
   std::mutex mutex_;
-  std::map<std::string, int> per_key_;  // in-flight requests per API key
   std::set<std::string> logged_fields_;
 };
 

@@ -182,6 +182,7 @@ void RemoteWorker::set_alive(bool alive, const std::string& why) {
     if (in_flight_) in_flight_->TryCancel();
   }
   if (options_.log) options_.log("worker " + address_ + (alive ? " is up: " : " is down: ") + why);
+  if (options_.on_alive_change) options_.on_alive_change(alive);
 }
 
 void RemoteWorker::heartbeat_loop() {

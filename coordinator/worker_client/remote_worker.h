@@ -39,6 +39,7 @@ struct RemoteWorkerOptions {
   metrics::Registry* metrics = nullptr;                // sets lazykv_worker_up{worker=label} when given
   std::string label = "0";
   std::function<void(const std::string&)> log;         // state changes (down, up, restarted); none: quiet
+  std::function<void(bool alive)> on_alive_change;     // from the heartbeat thread, when alive() changes
 };
 
 class RemoteWorker final : public StepExecutor {

@@ -2,23 +2,15 @@
 # End to end: `lazykv serve` on the default model, on loopback, driven by real
 # clients: curl, the official OpenAI Python client (LAZYKV_E2E_PYTHON, a venv
 # made by scripts/setup.sh), promtool and a real Prometheus server.
-#   usage: serve_test.sh LAZYKV_BINARY
+#   usage: serve_test.sh LAZYKV_BINARY [GRPC_TEST_BINARY]
+# With GRPC_TEST_BINARY (lazykv_grpc_tests) its GrpcE2e client also checks
+# the gRPC API and health service of the same server.
 # Needs LAZYKV_DEFAULT_MODEL (set by scripts/test.sh). Exits 77 (skipped) when
 # the default model is not there.
 set -uo pipefail
 bin=$1
-[ -f "${LAZYKV_DEFAULT_MODEL:-}" ] || { echo "skipped: LAZYKV_DEFAULT_MODEL is not set"; exit 77; }
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass() { echo "ok: $*"; }
-fail() { echo "FAILED: $*" >&2; failures=$((failures + 1)); }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
+grpc_tests=${2:-}
+source "$(dirname "$0")/lib.sh"
 
 # Starts a server with extra flags; sets $url and $server_pid.
 start_server() {
@@ -26,20 +18,13 @@ start_server() {
   "$bin" serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --kv-cache-mib 256 "$@" >"$log" 2>&1 &
   server_pid=$!
   pids+=("$server_pid")
-  url=""
-  for _ in $(seq 1 300); do
-    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -1 | sed 's/listening on //')
-    [ -n "$url" ] && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.1
-  done
+  url=$(wait_for_line "$log" 'listening on http://[0-9.:]*' "$server_pid")
+  url=${url#listening on }
   server_log=$log
   [ -n "$url" ] || { cat "$log" >&2; echo "FAILED: the server did not start" >&2; exit 1; }
 }
-json_get() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1], {'d': d}))" "$1"; }
-status_of() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
 
-start_server
+start_server --grpc-port 0
 model=$(curl -sf "$url/v1/models" | json_get 'd["data"][0]["id"]')
 check "GET /v1/models names a model ($model)" test -n "$model"
 check "GET /health" test "$(status_of "$url/health")" = 200
@@ -95,19 +80,19 @@ check "the unknown field is logged once" test "$(grep -c "some_future_field" "$s
 
 # A client that goes away cancels its sequence and frees its KV.
 curl -sN "$url/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "'$model'", "prompt": "Tell a long story.", "max_tokens": 2000, "stream": true, "kv_policy": {"name": "full"}}' \
+  -d '{"model": "'$model'", "prompt": "Tell a long story.", "max_tokens": 2000, "ignore_eos": true, "stream": true, "kv_policy": {"name": "full"}}' \
   >"$work/cut" &
 cut_pid=$!
 for _ in $(seq 1 100); do grep -q '^data: {' "$work/cut" 2>/dev/null && break; sleep 0.1; done
 kill "$cut_pid" 2>/dev/null; wait "$cut_pid" 2>/dev/null
 idle=""
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   m=$(curl -s "$url/metrics")
-  if grep -q '^lazykv_requests_running 0$' <<<"$m" && grep -q '^lazykv_kv_bytes{tier="device"} 0$' <<<"$m"; then idle=1; break; fi
+  if grep -q '^lazykv_requests_running 0$' <<<"$m" && grep -q '^lazykv_kv_bytes{tier="device"} 0$' <<<"$m" &&
+    grep -q 'lazykv_errors_total{type="cancelled"} [1-9]' <<<"$m"; then idle=1; break; fi
   sleep 0.1
 done
-check "a disconnected stream is cancelled and its KV freed" test -n "$idle"
-check "the cancellation is counted" grep -q 'lazykv_errors_total{type="cancelled"} [1-9]' <<<"$(curl -s "$url/metrics")"
+check "a disconnected stream is cancelled, counted, and its KV freed" test -n "$idle"
 
 # Metrics: promtool's checks, then a real Prometheus scrape.
 curl -s "$url/metrics" >"$work/metrics"
@@ -143,6 +128,15 @@ if [ -x "${LAZYKV_E2E_PYTHON:-}" ]; then
   check "OpenAI Python client" "$LAZYKV_E2E_PYTHON" "$(dirname "$0")/openai_client_test.py" "$url" "$model"
 else
   fail "LAZYKV_E2E_PYTHON is not set (scripts/test.sh sets it to the venv of tests/e2e/requirements.txt)"
+fi
+
+# The gRPC API (lazykv.v1) and grpc.health.v1 of the same server.
+if [ -n "$grpc_tests" ]; then
+  grpc_addr=$(sed -n 's/^lazykv serve: gRPC on //p' "$server_log")
+  check "gRPC address printed ($grpc_addr)" test -n "$grpc_addr"
+  out=$(LAZYKV_GRPC_E2E_ADDRESS="$grpc_addr" LAZYKV_GRPC_E2E_MODEL="$model" "$grpc_tests" --gtest_filter='GrpcE2e.*' 2>&1)
+  check "gRPC Generate, ListModels and health against the server" grep -q '\[  PASSED  \] 1 test' <<<"$out" ||
+    echo "$out" >&2
 fi
 
 # Graceful drain: SIGTERM while a stream runs; the stream completes, the exit status is 0.

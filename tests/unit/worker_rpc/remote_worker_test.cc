@@ -130,13 +130,21 @@ class WorkerRpcTest : public ::testing::Test {
     return r;
   }
 
+  // `counters`, when given, gets the run's evictions and preemptions.
   static std::vector<Outcome> run(StepExecutor& worker, const std::vector<SequenceRequest>& requests,
-                                  int max_batch = 4) {
+                                  std::pair<double, double>* counters = nullptr) {
     metrics::Registry registry;
     SchedulerOptions options;
-    options.max_batch = max_batch;
-    Scheduler scheduler(worker, *tokenizer_, registry, options);
-    return collect(scheduler.submit(requests));
+    options.max_batch = 4;  // more sequences than slots: admissions mid-run
+    std::vector<Outcome> out;
+    {
+      Scheduler scheduler(worker, *tokenizer_, registry, options);
+      out = collect(scheduler.submit(requests));
+    }
+    if (counters) {
+      *counters = {registry.counter(metrics::kEvictions).value(), registry.counter(metrics::kPreemptions).value()};
+    }
+    return out;
   }
 
   static void expect_same(const std::vector<Outcome>& remote, const std::vector<Outcome>& local) {
@@ -187,12 +195,15 @@ TEST_F(WorkerRpcTest, SchedulerOverRemoteWorkerGivesTheSameTokensAsInProcess) {
   requests.push_back(request(8, 90, make_policy_config("h2o", {{"budget", "24"}})));
 
   LocalWorker local_worker(*model_, worker_options());
-  const std::vector<Outcome> local = run(local_worker, requests);
+  std::pair<double, double> local_counters, remote_counters;
+  const std::vector<Outcome> local = run(local_worker, requests, &local_counters);
 
   ServedWorker served(0);
   RemoteWorker remote(served.address(), fast_heartbeats());
-  const std::vector<Outcome> over_rpc = run(remote, requests);
+  const std::vector<Outcome> over_rpc = run(remote, requests, &remote_counters);
   expect_same(over_rpc, local);
+  EXPECT_GT(local_counters.first, 0) << "the evicting policies evicted nothing";
+  EXPECT_EQ(remote_counters.first, local_counters.first);
   EXPECT_GT(served.service.steps(), 0);
   // Every finished sequence was released on the worker.
   EXPECT_TRUE(wait_until([&] { return served.worker.n_sequences() == 0; }, 10s));
@@ -206,12 +217,14 @@ TEST_F(WorkerRpcTest, PreemptionOverRpcMatchesInProcess) {
   const size_t capacity = LocalWorker(*model_, worker_options()).info().kv_page_bytes *
                           size_t(model_->config().n_layer) * size_t(model_->config().n_head_kv) * 5;
   LocalWorker local_worker(*model_, worker_options(capacity));
-  metrics::Registry local_registry;
-  const std::vector<Outcome> local = run(local_worker, requests);
+  std::pair<double, double> local_counters, remote_counters;
+  const std::vector<Outcome> local = run(local_worker, requests, &local_counters);
 
   ServedWorker served(0, capacity);
   RemoteWorker remote(served.address(), fast_heartbeats());
-  expect_same(run(remote, requests), local);
+  expect_same(run(remote, requests, &remote_counters), local);
+  EXPECT_GT(local_counters.second, 0) << "nothing was preempted";
+  EXPECT_EQ(remote_counters.second, local_counters.second);
 }
 
 TEST_F(WorkerRpcTest, ABadPolicyFailsOneSequenceNotTheStep) {

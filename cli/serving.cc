@@ -1,0 +1,162 @@
+#include "cli/serving.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "common/error.h"
+#include "coordinator/api/openai_response.h"
+#include "coordinator/grpc/grpc_api.h"
+#include "coordinator/http/http_server.h"
+
+namespace lazykv {
+
+void add_serving_flags(Flags& flags) {
+  flags.add("served-model-name", "", "the model name clients send; default: the model file's name without .gguf")
+      .add("host", "127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+      .add("port", "8000", "HTTP port (0: any free port, printed at start)")
+      .add("grpc-port", "-1", "gRPC port of the lazykv.v1 API and grpc.health.v1: -1 off, 0 any free port")
+      .add("max-batch", "32", "sequences decoded together in one step")
+      .add("max-waiting", "256", "queued sequences; beyond it requests get 503 with Retry-After")
+      .add("max-prefill-tokens", "4096", "prompt tokens admitted per step (one prompt always fits)")
+      .add("max-tokens-cap", "0", "largest max_tokens a request may ask for; 0 is the context")
+      .add("max-n", "16", "largest n (choices per prompt)")
+      .add("max-body-bytes", "4194304", "largest request body; larger ones get 413")
+      .add("api-key", "", "accepted API key (repeatable; LAZYKV_API_KEY in the environment); none: no authentication")
+      .add("max-concurrent-per-key", "0",
+           "requests in flight per API key (without keys: for all requests together); 0 is unlimited")
+      .add("drain-seconds", "30", "on SIGTERM, how long running requests may take to finish");
+  add_policy_flags(flags);
+}
+
+ServiceConfig service_config_from_flags(const Flags& flags, const std::string& model_path) {
+  ServiceConfig service;
+  service.model_id = flags.get("served-model-name");
+  if (service.model_id.empty()) {
+    const std::filesystem::path p(model_path);
+    service.model_id = p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
+  }
+  service.default_policy = policy_from_flags(flags);
+  service.limits.max_tokens_cap = int32_t(flags.get_int("max-tokens-cap"));
+  service.limits.max_n = int(flags.get_int("max-n"));
+  if (service.limits.max_n < 1) throw Error(ErrorCode::kInvalidArgument, "--max-n must be >= 1");
+  const int64_t per_key = flags.get_int("max-concurrent-per-key");
+  if (per_key < 0) throw Error(ErrorCode::kInvalidArgument, "--max-concurrent-per-key must be >= 0");
+  if (per_key > 0) service.key_limiter = std::make_shared<KeyLimiter>(int(per_key));
+  for (const std::string& key : flags.get_all("api-key")) {
+    if (!key.empty()) service.api_keys.push_back(key);
+  }
+  if (service.api_keys.empty() && !flags.get("api-key").empty()) service.api_keys.push_back(flags.get("api-key"));
+  service.version = LAZYKV_VERSION;
+  return service;
+}
+
+SchedulerOptions scheduler_options_from_flags(const Flags& flags) {
+  SchedulerOptions options;
+  options.max_batch = int(flags.get_int("max-batch"));
+  options.max_waiting = int(flags.get_int("max-waiting"));
+  options.max_prefill_tokens = int32_t(flags.get_int("max-prefill-tokens"));
+  return options;
+}
+
+void add_local_worker_flags(Flags& flags) {
+  flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
+      .add("threads", "0", "CPU threads for the model; 0 is all cores")
+      .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style)")
+      .add("ctx", "0", "context limit per sequence in tokens; 0 is the model's training context")
+      .add("kv-cache-mib", "1024", "KV cache capacity in MiB (all sequences together)");
+}
+
+LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer) {
+  const int64_t kv_mib = flags.get_int("kv-cache-mib");
+  if (kv_mib < 1) throw Error(ErrorCode::kInvalidArgument, "--kv-cache-mib must be >= 1");
+  LocalWorkerOptions options;
+  options.threads = int(flags.get_int("threads"));
+  options.n_ctx = int32_t(flags.get_int("ctx"));
+  options.n_vocab = tokenizer.n_vocab();
+  options.kv_capacity_bytes = size_t(kv_mib) << 20;
+  options.precision = parse_activations(flags.get("activations"));
+  return options;
+}
+
+sigset_t block_termination_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
+int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, Scheduler& scheduler,
+                       metrics::Registry& registry, const ServiceConfig& service, const ServeOptions& options) {
+  const int64_t port = flags.get_int("port");
+  if (port < 0 || port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in [0, 65535]");
+  const int64_t grpc_port = flags.get_int("grpc-port");
+  if (grpc_port < -1 || grpc_port > 65535) {
+    throw Error(ErrorCode::kInvalidArgument, "--grpc-port must be -1 (off) or in [0, 65535]");
+  }
+  const double drain_seconds = flags.get_double("drain-seconds");
+  if (drain_seconds < 0) throw Error(ErrorCode::kInvalidArgument, "--drain-seconds must be >= 0");
+  const char* role = options.role.c_str();
+
+  OpenAiService api(tokenizer, scheduler, registry, service);
+  api.set_ready(options.ready);
+  if (options.live_api != nullptr) *options.live_api = &api;
+  http::ServerOptions http_options;
+  http_options.host = flags.get("host");
+  http_options.port = uint16_t(port);
+  http_options.max_body_bytes = size_t(flags.get_int("max-body-bytes"));
+  http_options.error_body = [](int status, const std::string& message) {
+    return api::error_body(api::ApiError(status, status >= 500 ? "server_error" : "invalid_request_error", message));
+  };
+  http::Server server(http_options, [&api](const http::Request& r, http::ResponseWriter& w) { api.handle(r, w); });
+  server.start();
+  GrpcApi grpc_api(tokenizer, scheduler, registry, service);
+  std::unique_ptr<GrpcServer> grpc_server;
+  if (grpc_port >= 0) grpc_server = std::make_unique<GrpcServer>(http_options.host, int(grpc_port), grpc_api);
+
+  const std::string url = "http://" + http_options.host + ":" + std::to_string(server.port());
+  std::printf("lazykv %s: model '%s' (%s) listening on %s\n", role, service.model_id.c_str(), options.detail.c_str(),
+              url.c_str());
+  std::printf("try:\n  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+              "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"What is 12*7?\"}], "
+              "\"max_tokens\": 64}'\n",
+              url.c_str(), service.model_id.c_str());
+  if (grpc_server) std::printf("lazykv %s: gRPC on %s:%d\n", role, http_options.host.c_str(), grpc_server->port());
+  std::fflush(stdout);
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::fprintf(stderr, "lazykv %s: %s received, draining (up to %.0f s)\n", role,
+               signal == SIGTERM ? "SIGTERM" : "SIGINT", drain_seconds);
+  if (options.live_api != nullptr) *options.live_api = nullptr;
+  api.set_ready(false);
+  if (grpc_server) grpc_server->set_serving(false);
+  scheduler.drain();
+  server.stop_accepting();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                std::chrono::duration<double>(drain_seconds));
+  const bool idle = scheduler.wait_idle(deadline);
+  // Request threads write their last bytes, within the same deadline.
+  while ((api.in_flight() > 0 || grpc_api.in_flight() > 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Sequences still running past the deadline end with a clear error, which
+  // their request threads get 2 s to write (gRPC: UNAVAILABLE; calls still
+  // running after that are cancelled).
+  scheduler.stop("the server is shutting down");
+  const auto last_writes = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
+  server.stop(std::chrono::milliseconds(2000));
+  if (grpc_server) grpc_server->shutdown(last_writes);
+  std::fprintf(stderr, "lazykv %s: stopped (%s)\n", role, idle ? "all requests finished" : "drain deadline passed");
+  return 0;
+}
+
+}  // namespace lazykv

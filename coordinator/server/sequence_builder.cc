@@ -1,0 +1,83 @@
+#include "coordinator/server/sequence_builder.h"
+
+#include <random>
+
+#include "common/error.h"
+
+namespace lazykv {
+namespace {
+
+uint64_t random_seed() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+}  // namespace
+
+std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const Tokenizer& tokenizer,
+                                           const api::GenerationRequest& request, size_t index) {
+  const bool chat = request.endpoint == api::Endpoint::kChatCompletions;
+  try {
+    if (chat) return encoder.encode_chat(request.messages);
+    const api::Prompt& p = request.prompts.at(index);
+    if (!p.is_tokens) return encoder.encode_text(p.text);
+    for (int32_t id : p.tokens) {
+      if (id < 0 || id >= tokenizer.n_vocab()) {
+        throw api::invalid_request("token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                       std::to_string(tokenizer.n_vocab()) + " tokens",
+                                   "prompt");
+      }
+    }
+    return p.tokens;
+  } catch (const Error& e) {
+    throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
+  }
+}
+
+int32_t resolve_max_tokens(const api::GenerationRequest& request, int32_t prompt_len, int32_t n_ctx,
+                           const ServiceConfig& config) {
+  const bool chat = request.endpoint == api::Endpoint::kChatCompletions;
+  int32_t max_tokens = 0;
+  if (request.max_tokens) {
+    max_tokens = *request.max_tokens;
+  } else {
+    max_tokens = chat ? n_ctx - prompt_len : std::min(config.completions_default_max_tokens, n_ctx - prompt_len);
+    if (config.limits.max_tokens_cap > 0) max_tokens = std::min(max_tokens, config.limits.max_tokens_cap);
+  }
+  const std::string input = chat ? "messages" : "prompt";
+  if (prompt_len >= n_ctx || int64_t(prompt_len) + max_tokens > n_ctx) {
+    throw api::invalid_request("This model's maximum context length is " + std::to_string(n_ctx) +
+                                   " tokens. However, you requested " +
+                                   std::to_string(int64_t(prompt_len) + max_tokens) + " tokens (" +
+                                   std::to_string(prompt_len) + " in the " + input + ", " +
+                                   std::to_string(max_tokens) + " in the completion). Please reduce the length of the " +
+                                   input + " or completion.",
+                               input, "context_length_exceeded");
+  }
+  return max_tokens;
+}
+
+std::vector<SequenceRequest> make_sequences(const api::GenerationRequest& request, const std::vector<int32_t>& prompt,
+                                            int32_t max_tokens, const ServiceConfig& config, size_t first_choice,
+                                            std::chrono::steady_clock::time_point arrival) {
+  std::vector<SequenceRequest> sequences;
+  for (int j = 0; j < request.n; ++j) {
+    SequenceRequest s;
+    s.prompt = prompt;
+    s.max_new_tokens = max_tokens;
+    s.sampling.temperature = request.temperature;
+    s.sampling.top_p = request.top_p;
+    s.sampling.top_k = request.top_k;
+    s.sampling.min_p = request.min_p;
+    s.sampling.seed = request.seed ? *request.seed + uint64_t(first_choice + size_t(j)) : random_seed();
+    s.policy = request.kv_policy ? *request.kv_policy : config.default_policy;
+    s.top_logprobs = request.logprobs ? request.top_logprobs : -1;
+    s.stop = request.stop;
+    s.ignore_eos = request.ignore_eos;
+    s.arrival = arrival;
+    sequences.push_back(std::move(s));
+  }
+  return sequences;
+}
+
+}  // namespace lazykv

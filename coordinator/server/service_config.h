@@ -1,0 +1,71 @@
+// What the API services (HTTP and gRPC) share: the served model, API keys and
+// their concurrency limit, request limits and defaults.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "coordinator/api/openai_request.h"
+#include "worker/policy/policy_config.h"
+
+namespace lazykv {
+
+// Requests in flight per API key, shared by every service of a server so the
+// limit holds across HTTP and gRPC.
+class KeyLimiter {
+ public:
+  explicit KeyLimiter(int limit) : limit_(limit) {}
+  int limit() const { return limit_; }
+  // Takes a slot of `key` for the holder's lifetime; empty when the key is at its limit.
+  class Slot {
+   public:
+    Slot() = default;
+    Slot(KeyLimiter* owner, std::string key) : owner_(owner), key_(std::move(key)) {}
+    Slot(Slot&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), key_(std::move(o.key_)) {}
+    Slot& operator=(Slot&& o) noexcept {
+      release();
+      owner_ = std::exchange(o.owner_, nullptr);
+      key_ = std::move(o.key_);
+      return *this;
+    }
+    ~Slot() { release(); }
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+
+   private:
+    void release() {
+      if (owner_ != nullptr) owner_->release(key_);
+      owner_ = nullptr;
+    }
+    KeyLimiter* owner_ = nullptr;
+    std::string key_;
+  };
+  // Throws api::ApiError(429) when the key already has `limit` requests in flight (limit 0: never).
+  Slot acquire(const std::string& key);
+
+ private:
+  void release(const std::string& key);
+  int limit_;
+  std::mutex mutex_;
+  std::map<std::string, int> in_flight_;
+};
+
+struct ServiceConfig {
+  std::string model_id;                  // the name clients pass as "model"
+  std::vector<std::string> api_keys;     // empty: no authentication
+  // Requests in flight per API key (without keys: all requests together); null or limit 0: unlimited.
+  std::shared_ptr<KeyLimiter> key_limiter;
+  api::RequestLimits limits;
+  PolicyConfig default_policy = make_policy_config("full");  // when a request names no kv_policy
+  int32_t completions_default_max_tokens = 16;  // OpenAI's default for /v1/completions
+  std::string version;
+
+  // True when keys are off or `key` is one of them.
+  bool accepts_key(std::string_view key) const;
+};
+
+}  // namespace lazykv
