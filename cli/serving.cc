@@ -23,7 +23,9 @@ void add_serving_flags(Flags& flags) {
       .add("grpc-port", "-1", "gRPC port of the lazykv.v1 API and grpc.health.v1: -1 off, 0 any free port")
       .add("max-batch", "32", "sequences decoded together in one step")
       .add("max-waiting", "256", "queued sequences; beyond it requests get 503 with Retry-After")
-      .add("max-prefill-tokens", "4096", "prompt tokens admitted per step (one prompt always fits)")
+      .add("max-prefill-tokens", "512",
+           "prompt tokens run per step; longer prompts are prefilled in chunks over several steps "
+           "(with an evicting policy: whole, in a step of their own)")
       .add("max-tokens-cap", "0", "largest max_tokens a request may ask for; 0 is the context")
       .add("max-n", "16", "largest n (choices per prompt)")
       .add("max-body-bytes", "4194304", "largest request body; larger ones get 413")

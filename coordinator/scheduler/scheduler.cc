@@ -1,6 +1,7 @@
 #include "coordinator/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
@@ -24,10 +25,16 @@ struct Scheduler::Sequence {
   std::vector<int32_t> generated;
   bool started = false;    // known to the worker
   bool prefilled = false;  // its prompt (plus generated tokens, after a preemption) is cached
+  int32_t prompt_fed = 0;  // of those, tokens prefilled so far (chunked prefill)
   bool counted = false;    // prompt tokens counted in the metrics
   bool done = false;
   Clock::time_point last_token{};
   // What the worker prefills: the prompt, plus what was generated before a preemption.
+  int32_t feed_size() const { return int32_t(request.prompt.size() + generated.size()); }
+  // A prompt that may be prefilled over several steps: an evicting policy's
+  // prompt-time selection (SnapKV's window, H2O's prompt scores) needs the
+  // whole prompt in one pass.
+  bool chunkable() const { return request.policy.name == "full"; }
   std::vector<int32_t> feed() const {
     std::vector<int32_t> tokens = request.prompt;
     tokens.insert(tokens.end(), generated.begin(), generated.end());
@@ -177,10 +184,10 @@ void Scheduler::take_inbox() {
 }
 
 void Scheduler::admit(StepPlan& plan) {
-  int32_t prefill = 0;
+  int32_t pending_prefill = 0;  // prompt tokens not yet cached
   size_t bytes = kv_bytes_;
   for (const auto& seq : running_) {
-    if (!seq->prefilled) prefill += int32_t(seq->feed().size());
+    if (!seq->prefilled) pending_prefill += seq->feed_size() - seq->prompt_fed;
   }
   while (!waiting_.empty() && int(running_.size()) < options_.max_batch) {
     Sequence& next = *waiting_.front();
@@ -189,9 +196,9 @@ void Scheduler::admit(StepPlan& plan) {
     const bool alone = running_.empty();
     // Memory and prefill limits, except that one sequence always runs.
     if (!alone && info_.kv_capacity_bytes > 0 && bytes + need > info_.kv_capacity_bytes) break;
-    if (!alone && prefill + int32_t(feed.size()) > options_.max_prefill_tokens) break;
+    if (!alone && pending_prefill >= options_.max_prefill_tokens) break;
     bytes += need;
-    prefill += int32_t(feed.size());
+    pending_prefill += int32_t(feed.size());
     SequenceStart start;
     start.seq = SeqId(next.id);
     start.prompt = feed;
@@ -201,6 +208,7 @@ void Scheduler::admit(StepPlan& plan) {
     plan.start.push_back(std::move(start));
     next.started = true;
     next.prefilled = false;
+    next.prompt_fed = 0;
     if (!next.counted) {
       metrics_.counter(metrics::kPromptTokens).inc(double(next.request.prompt.size()));
       next.counted = true;
@@ -251,8 +259,29 @@ bool Scheduler::step_once() {
   StepPlan plan;
   admit(plan);
   plan.release.swap(pending_release_);
+  // Decode every prefilled sequence; prefill prompts within the step's budget
+  // of prompt tokens, in admission order, so a long prompt does not stall
+  // everyone's next token (chunked prefill).
+  std::unordered_map<SeqId, int32_t> chunks;
+  int32_t budget = options_.max_prefill_tokens;
   for (const auto& seq : running_) {
-    plan.items.push_back({SeqId(seq->id), seq->prefilled ? 0 : int32_t(seq->feed().size())});
+    if (seq->prefilled) {
+      plan.items.push_back({SeqId(seq->id), 0});
+      continue;
+    }
+    const int32_t remaining = seq->feed_size() - seq->prompt_fed;
+    int32_t n = remaining;
+    if (remaining > budget) {
+      if (seq->chunkable()) {
+        n = std::max(budget, 0);
+      } else if (budget < options_.max_prefill_tokens) {
+        n = 0;  // a whole prompt waits for a step it can start
+      }
+    }
+    if (n <= 0) continue;
+    plan.items.push_back({SeqId(seq->id), n});
+    chunks[SeqId(seq->id)] = n;
+    budget -= n;
   }
   update_gauges();
   if (plan.items.empty() && plan.release.empty()) return false;
@@ -305,6 +334,7 @@ bool Scheduler::step_once() {
       if (victim->started) pending_release_.push_back(SeqId(victim->id));
       victim->started = false;
       victim->prefilled = false;
+      victim->prompt_fed = 0;
       waiting_.push_front(std::move(victim));
       metrics_.counter(metrics::kPreemptions).inc();
     }
@@ -317,8 +347,12 @@ bool Scheduler::step_once() {
     auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return SeqId(s->id) == sampled.seq; });
     if (it == running_.end() || (*it)->done) continue;
     Sequence& seq = **it;
-    if (sampled.token < 0) continue;  // a prefill chunk
+    if (sampled.token < 0) {  // a prefill chunk that did not finish the prompt
+      seq.prompt_fed += chunks[sampled.seq];
+      continue;
+    }
     seq.prefilled = true;
+    seq.prompt_fed = seq.feed_size();
     on_token(seq, sampled);
   }
   return true;

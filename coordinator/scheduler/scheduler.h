@@ -36,7 +36,10 @@ namespace lazykv {
 struct SchedulerOptions {
   int max_batch = 32;                // sequences in one step
   int max_waiting = 256;             // queued sequences; beyond it submit() throws kUnavailable
-  int32_t max_prefill_tokens = 4096; // prompt tokens admitted per step (at least one prompt)
+  // Prompt tokens run per step. Longer prompts of the full policy are
+  // prefilled in chunks over several steps; an evicting policy's prompt runs
+  // whole (in a step of its own when it exceeds this).
+  int32_t max_prefill_tokens = 512;
   std::string worker_label = "0";    // the `worker` label of step metrics
 };
 

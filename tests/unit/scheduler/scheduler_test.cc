@@ -126,6 +126,35 @@ TEST_F(SchedulerTest, BatchedSequencesEqualEachAloneAndFreeTheirKv) {
   EXPECT_GT(registry.counter(metrics::kGenerationTokens).value(), 0);
 }
 
+TEST_F(SchedulerTest, ChunkedPrefillGivesTheSameTokensAndBoundsEveryStep) {
+  std::vector<SequenceRequest> requests;
+  for (int i = 0; i < 5; ++i) requests.push_back(request(i, 12 + i));
+  // An evicting policy's prompt runs whole even when it exceeds the budget.
+  requests.push_back(request(5, 30, make_policy_config("lazy", {{"budget", "64"}, {"window", "8"}})));
+  const std::vector<Outcome> reference = alone(requests);
+
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  SchedulerOptions options;
+  options.max_prefill_tokens = 7;  // every prompt (7..22 tokens) spans several steps
+  Scheduler scheduler(worker, *tokenizer_, registry, options);
+  const std::vector<Outcome> got = collect(scheduler.submit(requests));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, reference[i].tokens) << "sequence " << i;
+    EXPECT_EQ(got[i].finish, reference[i].finish) << "sequence " << i;
+  }
+  // Steps of at most 7 prompt tokens plus one decode token per sequence,
+  // except the one that prefilled the lazy prompt (22 tokens) whole.
+  const metrics::Histogram::Snapshot tokens = registry.histogram(metrics::kStepTokens, {"0"}).snapshot();
+  const std::span<const double> bounds = registry.histogram(metrics::kStepTokens, {"0"}).upper_bounds();
+  size_t over_16 = 0;
+  for (size_t b = 0; b < bounds.size(); ++b) {
+    if (bounds[b] == 16) over_16 = tokens.count - tokens.cumulative[b];
+  }
+  EXPECT_LE(over_16, 1u) << "only the whole lazy prompt may make a step of more than 16 tokens";
+  EXPECT_GT(tokens.count, 10u);
+}
+
 TEST_F(SchedulerTest, FullCachePreemptsByRecomputeAndFullKvStaysExact) {
   std::vector<SequenceRequest> requests;
   for (int i = 0; i < 4; ++i) {
