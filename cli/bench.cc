@@ -153,6 +153,7 @@ nlohmann::json policy_cost(Bench& bench, const PolicyConfig& config, int steps) 
 
 int run_bench(const std::vector<std::string>& args) {
   Flags flags("bench");
+  add_tier_flags(flags);
   flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
       .add("threads", "0", "CPU threads; 0 is all cores")
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
@@ -166,6 +167,7 @@ int run_bench(const std::vector<std::string>& args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
+  configure_tiers_from_flags(flags);
   LoadedModel m = load_model(flags.get("model"));
   ThreadPool pool(int(flags.get_int("threads")));
   Bench bench{*m.model, pool, parse_activations(flags.get("activations")), std::max(1, int(flags.get_int("reps")))};

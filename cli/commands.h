@@ -21,6 +21,7 @@ int run_serve(const std::vector<std::string>& args);
 int run_bench_serve(const std::vector<std::string>& args);
 int run_worker(const std::vector<std::string>& args);
 int run_coordinator(const std::vector<std::string>& args);
+int run_kvstore(const std::vector<std::string>& args);
 
 // A model with its tokenizer: from GGUF metadata, or tokenizer.json for a
 // Hugging Face directory.
@@ -50,6 +51,12 @@ cpu::ActivationPrecision parse_activations(const std::string& value);
 }  // namespace lazykv
 
 namespace lazykv {
+
+// --kvstore, --host-tier-mib, ...: the tiers of lazy+tiers (cli/tier_flags.cc).
+void add_tier_flags(Flags& flags);
+// Error(kInvalidArgument) for out-of-range values. The tiers are built on
+// first use, so a command that never runs lazy+tiers never connects.
+void configure_tiers_from_flags(const Flags& flags);
 
 // --kv-policy and one --kv-<param> flag per policy parameter (cli/policy_flags.cc).
 void add_policy_flags(Flags& flags);

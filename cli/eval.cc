@@ -77,6 +77,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int run_fidelity(const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   Flags flags("eval fidelity");
+  add_tier_flags(flags);
   add_common_flags(flags, "eval_fidelity.json");
   flags.add("prompts", "", "JSONL file of {\"prompt\": ...} (default: GSM8K questions with the CoT instruction)")
       .add("n-prompts", "4", "GSM8K questions to use when --prompts is not given")
@@ -89,6 +90,7 @@ int run_fidelity(const std::vector<std::string>& args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
+  configure_tiers_from_flags(flags);
   eval::FidelityOptions options;
   options.length = int32_t(flags.get_int("length"));
   options.policies = eval::parse_policies(flags.get("policies"));
@@ -127,6 +129,7 @@ int run_fidelity(const std::vector<std::string>& args) {
 int run_accuracy(const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   Flags flags("eval accuracy");
+  add_tier_flags(flags);
   add_common_flags(flags, "eval_accuracy.json");
   flags.add("dataset", "gsm8k", "data set: gsm8k or math500")
       .add("limit", "0", "problems to use; 0 is all")
@@ -140,6 +143,7 @@ int run_accuracy(const std::vector<std::string>& args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
+  configure_tiers_from_flags(flags);
   eval::AccuracyOptions options;
   options.dataset = eval::parse_dataset(flags.get("dataset"));
   options.policies = eval::parse_policies(flags.get("policies"));

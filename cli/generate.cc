@@ -13,6 +13,7 @@ namespace lazykv {
 
 int run_generate(const std::vector<std::string>& args) {
   Flags flags("generate");
+  add_tier_flags(flags);
   flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
       .add("prompt", "", "prompt text (required)")
       .add_switch("chat", "render the prompt with the model's chat template as a user message")
@@ -24,6 +25,7 @@ int run_generate(const std::vector<std::string>& args) {
       .add("min-p", "0", "drop tokens below min-p times the top probability; 0 is off")
       .add("seed", "0", "random seed (same seed, same output)")
       .add("stop", "", "stop string (repeatable)")
+      .add_switch("ignore-eos", "go on past end-of-generation tokens to --max-tokens (benchmarks, long runs)")
       .add("threads", "0", "CPU threads; 0 is all cores")
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
       .add("ctx", "0", "context limit in tokens; 0 is the model's training context");
@@ -33,6 +35,7 @@ int run_generate(const std::vector<std::string>& args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
+  configure_tiers_from_flags(flags);
   if (flags.get("prompt").empty()) throw Error(ErrorCode::kInvalidArgument, "generate: --prompt is required");
   const int64_t max_tokens = flags.get_int("max-tokens");
   if (max_tokens < 0) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0");
@@ -73,6 +76,7 @@ int run_generate(const std::vector<std::string>& args) {
   const auto t1 = Clock::now();
   StreamDecoder decoder(*m.tokenizer);
   StopStringMatcher stop(stops);
+  const bool ignore_eos = flags.get_bool("ignore-eos");
   int64_t generated = 0;
   std::string finish = "length";
   int32_t pos = int32_t(prompt.size());
@@ -80,7 +84,7 @@ int run_generate(const std::vector<std::string>& args) {
     // Embedding rows past the tokenizer's vocabulary (padding) are never sampled.
     const int32_t id = sampler.sample(logits.first(size_t(m.tokenizer->n_vocab())));
     ++generated;
-    if (m.tokenizer->is_end_of_generation(id)) {
+    if (!ignore_eos && m.tokenizer->is_end_of_generation(id)) {
       finish = "stop";
       break;
     }
@@ -110,6 +114,16 @@ int run_generate(const std::vector<std::string>& args) {
                double(policy->peak_slots()) * double(cache.slot_bytes()) / (1 << 20),
                static_cast<long long>(policy->slots()), static_cast<long long>(policy->evicted_slots()),
                policy->policy_seconds() * 1e3);
+  if (policy_config.name.ends_with("+tiers")) {
+    const TierCounters t = policy->tier_counters();
+    std::fprintf(stderr,
+                 "[tiers %s: %lld slots demoted (%.1f MiB), %lld promoted, %lld promotion hits, %lld blocks fetched "
+                 "(%.1f MiB), %lld waits]\n",
+                 t.tiers_available ? "on" : "off", static_cast<long long>(t.demoted_slots),
+                 double(t.demoted_bytes) / (1 << 20), static_cast<long long>(t.promoted_slots),
+                 static_cast<long long>(t.promotion_hits), static_cast<long long>(t.fetched_blocks),
+                 double(t.fetched_bytes) / (1 << 20), static_cast<long long>(t.fetch_waits));
+  }
   return 0;
 }
 

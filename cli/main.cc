@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
+#include "worker/tiers/tier_mover.h"
 
 namespace {
 
@@ -15,6 +16,7 @@ constexpr const char* kUsage =
     "  serve      the OpenAI-compatible HTTP server (coordinator and a CPU worker in one process)\n"
     "  coordinator  the HTTP API and scheduler over a remote worker (lazykv worker)\n"
     "  worker     serve a model to a coordinator over gRPC (the step protocol)\n"
+    "  kvstore    the host and NVMe tiers for demoted KV blocks (gRPC control, UCX data)\n"
     "  generate   stream a completion from a model\n"
     "  bench      measure prefill and decode speed (JSON)\n"
     "  bench-serve  load an OpenAI-compatible server with concurrent streams (JSON)\n"
@@ -24,17 +26,16 @@ constexpr const char* kUsage =
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc < 2) {
+static int run_command(const std::string& command, const std::vector<std::string>& args) {
+  if (command.empty()) {
     std::fputs(kUsage, stderr);
     return 2;
   }
-  const std::string command = argv[1];
-  const std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (command == "serve") return lazykv::run_serve(args);
     if (command == "coordinator") return lazykv::run_coordinator(args);
     if (command == "worker") return lazykv::run_worker(args);
+    if (command == "kvstore") return lazykv::run_kvstore(args);
     if (command == "generate") return lazykv::run_generate(args);
     if (command == "bench") return lazykv::run_bench(args);
     if (command == "bench-serve") return lazykv::run_bench_serve(args);
@@ -54,4 +55,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lazykv %s: internal error: %s\n", command.c_str(), e.what());
     return 1;
   }
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const int status = run_command(argv[1], std::vector<std::string>(argv + 2, argv + argc));
+  // The tiers' mover thread finishes here, not during static destruction.
+  lazykv::tiers::shutdown_tiers();
+  return status;
 }

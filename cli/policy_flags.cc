@@ -18,7 +18,7 @@ std::string flag_name(const std::string& param) {
 }  // namespace
 
 void add_policy_flags(Flags& flags) {
-  flags.add("kv-policy", "full", "KV eviction policy: full, lazy, streaming, h2o, tova, snapkv, rkv, raas");
+  flags.add("kv-policy", "full", "KV eviction policy: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas");
   std::set<std::string> seen;
   for (const PolicyInfo& info : policy_catalog()) {
     for (const PolicyParam& p : info.params) {

@@ -72,11 +72,13 @@ void add_local_worker_flags(Flags& flags) {
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style)")
       .add("ctx", "0", "context limit per sequence in tokens; 0 is the model's training context")
       .add("kv-cache-mib", "1024", "KV cache capacity in MiB (all sequences together)");
+  add_tier_flags(flags);
 }
 
 LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer) {
   const int64_t kv_mib = flags.get_int("kv-cache-mib");
   if (kv_mib < 1) throw Error(ErrorCode::kInvalidArgument, "--kv-cache-mib must be >= 1");
+  configure_tiers_from_flags(flags);
   LocalWorkerOptions options;
   options.threads = int(flags.get_int("threads"));
   options.n_ctx = int32_t(flags.get_int("ctx"));
@@ -84,6 +86,22 @@ LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tok
   options.kv_capacity_bytes = size_t(kv_mib) << 20;
   options.precision = parse_activations(flags.get("activations"));
   return options;
+}
+
+std::pair<std::string, int> parse_host_port(const std::string& address, const std::string& flag) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    throw Error(ErrorCode::kInvalidArgument, flag + " '" + address + "' is not HOST:PORT");
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port_text = address.substr(colon + 1);
+  char* end = nullptr;
+  const long port = std::strtol(port_text.c_str(), &end, 10);
+  if (port_text.empty() || *end != '\0' || port < 0 || port > 65535) {
+    throw Error(ErrorCode::kInvalidArgument, flag + " '" + address + "': the port must be in [0, 65535]");
+  }
+  return {host, int(port)};
 }
 
 sigset_t block_termination_signals() {
@@ -122,7 +140,7 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   server.start();
   GrpcApi grpc_api(tokenizer, scheduler, registry, service);
   std::unique_ptr<GrpcServer> grpc_server;
-  if (grpc_port >= 0) grpc_server = std::make_unique<GrpcServer>(http_options.host, int(grpc_port), grpc_api);
+  if (grpc_port >= 0) grpc_server = std::make_unique<GrpcServer>(http_options.host, int(grpc_port), grpc_api, GrpcApi::kServiceName);
 
   const std::string url = "http://" + http_options.host + ":" + std::to_string(server.port());
   std::printf("lazykv %s: model '%s' (%s) listening on %s\n", role, service.model_id.c_str(), options.detail.c_str(),

@@ -11,31 +11,11 @@
 #include "cli/serving.h"
 #include "common/error.h"
 #include "common/flags.h"
+#include "common/rpc/grpc_server.h"
 #include "worker/local_worker.h"
 #include "worker/service/worker_service.h"
 
 namespace lazykv {
-namespace {
-
-// "host:port" or "[v6]:port".
-std::pair<std::string, int> parse_listen(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    throw Error(ErrorCode::kInvalidArgument, "--listen '" + address + "' is not HOST:PORT");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const std::string port_text = address.substr(colon + 1);
-  char* end = nullptr;
-  const long port = std::strtol(port_text.c_str(), &end, 10);
-  if (port_text.empty() || *end != '\0' || port < 0 || port > 65535) {
-    throw Error(ErrorCode::kInvalidArgument, "--listen '" + address + "': the port must be in [0, 65535]");
-  }
-  return {host, int(port)};
-}
-
-}  // namespace
-
 int run_worker(const std::vector<std::string>& args) {
   Flags flags("worker");
   add_local_worker_flags(flags);
@@ -56,15 +36,15 @@ int run_worker(const std::vector<std::string>& args) {
                 "--world " + std::to_string(world) +
                     ": tensor parallelism across ranks is not implemented yet; run one worker with --world 1");
   }
-  const auto [host, port] = parse_listen(flags.get("listen"));
+  const auto [host, port] = parse_host_port(flags.get("listen"), "--listen");
   const sigset_t signals = block_termination_signals();
 
   LoadedModel m = load_model(flags.get("model"));
   const LocalWorkerOptions options = local_worker_options_from_flags(flags, *m.tokenizer);
   LocalWorker worker(*m.model, options);
   WorkerService service(worker, [&worker] { return int64_t(worker.n_sequences()); });
-  int bound_port = 0;
-  std::unique_ptr<grpc::Server> server = start_worker_server(service, host, port, &bound_port);
+  GrpcServer server(host, port, service, WorkerService::kServiceName, kMaxWorkerMessageBytes);
+  const int bound_port = server.port();
 
   const std::string shown_host = host.find(':') != std::string::npos ? "[" + host + "]" : host;
   std::printf("lazykv worker: listening on %s:%d\n", shown_host.c_str(), bound_port);
@@ -76,7 +56,7 @@ int run_worker(const std::vector<std::string>& args) {
   sigwait(&signals, &signal);
   std::fprintf(stderr, "lazykv worker: %s received, stopping\n", signal == SIGTERM ? "SIGTERM" : "SIGINT");
   // A step in flight gets a few seconds to finish; the coordinator sees the rest fail.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server.shutdown(std::chrono::steady_clock::now() + std::chrono::seconds(5));
   std::fprintf(stderr, "lazykv worker: stopped after %lld steps\n", static_cast<long long>(service.steps()));
   return 0;
 }

@@ -158,6 +158,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
         result.peak_kv_bytes = a.policy->peak_slots() * int64_t(cache.slot_bytes());
         result.evicted_slots = a.policy->evicted_slots();
         result.policy_seconds = a.policy->policy_seconds();
+        result.tiers = a.policy->tier_counters();
         cache.remove_sequence(SeqId(a.job));
         a.done = true;
         finish_job();

@@ -14,6 +14,7 @@
 #include "common/thread_pool.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/model.h"
+#include "worker/policy/policy.h"
 #include "worker/policy/policy_config.h"
 
 namespace lazykv::eval {
@@ -41,6 +42,7 @@ struct JobResult {
   int64_t peak_kv_bytes = 0;    // peak_slots * slot bytes
   int64_t evicted_slots = 0;
   double policy_seconds = 0;
+  TierCounters tiers;           // what a tiered policy moved (zero otherwise)
   // Wall time of the passes this job took part in (shared with the rest of
   // the batch: per-job speed is meaningful with batch 1 only).
   double prefill_seconds = 0;

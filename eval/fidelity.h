@@ -32,6 +32,7 @@ struct FidelityConfigResult {
   int64_t full_peak_kv_bytes = 0;
   double policy_seconds = 0;   // summed over prompts
   double decode_tok_s = 0;     // unbatched, first prompt
+  TierCounters tiers;          // summed over prompts (tiered policies)
 
   double top1_agreement() const { return positions ? double(agreements) / double(positions) : 0; }
   double mean_kl() const { return positions ? kl_sum / double(positions) : 0; }

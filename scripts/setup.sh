@@ -23,6 +23,7 @@ packages=(
   python3-matplotlib        # eval harness plots (eval/plot.py)
   libboost-dev              # Boost.Beast: the HTTP API
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # the gRPC APIs
+  libucx-dev librocksdb-dev libxxhash-dev  # the kvstore: UCX transport, NVMe tier, block checksums
   curl prometheus           # end-to-end tests: a real HTTP client, promtool and a real scrape
 )
 missing=()

@@ -14,6 +14,9 @@ KvCache::KvCache(const KvCacheConfig& config)
   if (config.n_layer <= 0 || config.n_head_kv <= 0 || config.head_dim <= 0 || config.page_slots <= 0) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: layers, heads, head_dim and page_slots must be positive");
   }
+  // Chunk pointers never move, so page pointers may be read while another
+  // head takes a page (reserve_head runs concurrently across heads).
+  chunks_.reserve(kMaxChunks);
 }
 
 KvCache::~KvCache() = default;
@@ -80,7 +83,14 @@ uint16_t* KvCache::page_values(int32_t page) const {
 
 int32_t KvCache::take_page() {
   std::lock_guard<std::mutex> lock(pool_mutex_);
+  return take_page_locked();
+}
+
+int32_t KvCache::take_page_locked() {
   if (free_pages_.empty()) {
+    if (chunks_.size() == chunks_.capacity()) {
+      throw Error(ErrorCode::kOutOfMemory, "kv cache: more than " + std::to_string(kMaxChunks) + " page chunks");
+    }
     const int32_t first = int32_t(pool_pages_);
     chunks_.emplace_back(new uint8_t[page_bytes_ * kPagesPerChunk]);
     pool_pages_ += kPagesPerChunk;
@@ -126,6 +136,44 @@ void KvCache::reserve(SeqId seq, int n_new) {
     }
     h.positions.reserve(slots);
   }
+}
+
+bool KvCache::reserve_head(SeqId seq, int layer, int kv_head, int n_new) {
+  HeadTable& h = head(seq, layer, kv_head);
+  const size_t slots = h.positions.size() + size_t(std::max(n_new, 0));
+  const size_t pages = (slots + config_.page_slots - 1) / config_.page_slots;
+  if (pages <= h.pages.size()) return true;
+  const size_t needed = pages - h.pages.size();
+  std::vector<int32_t> taken;
+  {
+    // Check and take under one lock: heads reserving at once never overshoot.
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    if (config_.capacity_bytes != 0 && (pages_in_use_ + needed) * page_bytes_ > config_.capacity_bytes) return false;
+    const size_t chunks_needed = needed > free_pages_.size()
+                                     ? (needed - free_pages_.size() + kPagesPerChunk - 1) / kPagesPerChunk
+                                     : 0;
+    if (chunks_.size() + chunks_needed > chunks_.capacity()) return false;
+    while (taken.size() < needed) taken.push_back(take_page_locked());
+  }
+  for (int32_t p : taken) {
+    h.pages.push_back(p);
+    h.key_ptrs.push_back(page_keys(p));
+    h.value_ptrs.push_back(page_values(p));
+  }
+  h.positions.reserve(slots);
+  return true;
+}
+
+void KvCache::read_slot(SeqId seq, int layer, int kv_head, int32_t slot, uint16_t* k, uint16_t* v) const {
+  const HeadTable& h = head(seq, layer, kv_head);
+  if (slot < 0 || size_t(slot) >= h.positions.size()) {
+    throw Error(ErrorCode::kInternal, "kv cache: read of slot " + std::to_string(slot) + " out of range");
+  }
+  const int32_t page = h.pages[size_t(slot) / config_.page_slots];
+  const size_t in_page = size_t(slot) % config_.page_slots;
+  const uint16_t* keys = page_keys(page);  // [head_dim][page_slots]
+  for (int d = 0; d < config_.head_dim; ++d) k[d] = keys[size_t(d) * config_.page_slots + in_page];
+  std::memcpy(v, page_values(page) + in_page * config_.head_dim, config_.head_dim * sizeof(uint16_t));
 }
 
 void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v) {

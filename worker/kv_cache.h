@@ -53,9 +53,18 @@ class KvCache {
   // is unchanged then.
   void reserve(SeqId seq, int n_new);
 
+  // reserve() for one (layer, KV head): room for n_new more slots there.
+  // Returns false, changing nothing, when the capacity would be exceeded.
+  // Safe to call concurrently for different heads (promotion runs layers in
+  // parallel).
+  bool reserve_head(SeqId seq, int layer, int kv_head, int n_new);
+
   // Appends one slot (f16 K and V rows of head_dim) at token position pos.
   // Requires a prior reserve(). Safe to call concurrently for different heads.
   void append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v);
+
+  // The f16 K and V rows of one slot (head_dim each), as append() took them.
+  void read_slot(SeqId seq, int layer, int kv_head, int32_t slot, uint16_t* k, uint16_t* v) const;
 
   int32_t n_slots(SeqId seq, int layer, int kv_head) const;
   // The most slots any (layer, KV head) of seq holds (heads compact independently).
@@ -91,6 +100,7 @@ class KvCache {
   HeadTable& head(SeqId seq, int layer, int kv_head);
   const HeadTable& head(SeqId seq, int layer, int kv_head) const;
   int32_t take_page();
+  int32_t take_page_locked();  // pool_mutex_ held
   void give_page(int32_t page);
   uint16_t* page_keys(int32_t page) const;
   uint16_t* page_values(int32_t page) const;
@@ -98,6 +108,7 @@ class KvCache {
   KvCacheConfig config_;
   size_t page_bytes_;
   static constexpr int kPagesPerChunk = 256;
+  static constexpr size_t kMaxChunks = 1 << 16;  // chunks_ is reserved to this once
   std::vector<std::unique_ptr<uint8_t[]>> chunks_;  // pool memory, grown on demand
   std::mutex pool_mutex_;  // guards free_pages_, pool growth and pages_in_use_
   std::vector<int32_t> free_pages_;

@@ -173,6 +173,11 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     const int64_t evicted = s.policy->evicted_slots();
     result.evicted_slots += evicted - s.evicted_seen;
     s.evicted_seen = evicted;
+    const TierCounters tiers = s.policy->tier_counters();
+    result.demoted_slots += tiers.demoted_slots - s.tiers_seen.demoted_slots;
+    result.promoted_slots += tiers.promoted_slots - s.tiers_seen.promoted_slots;
+    result.promotion_hits += tiers.promotion_hits - s.tiers_seen.promotion_hits;
+    s.tiers_seen = tiers;
     result.kv_slots += s.policy->slots();
   }
   result.kv_bytes = cache_.bytes_used();

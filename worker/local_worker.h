@@ -40,6 +40,7 @@ class LocalWorker final : public StepExecutor {
     std::unique_ptr<Sampler> sampler;
     int top_logprobs = -1;
     int64_t evicted_seen = 0;   // policy->evicted_slots() already reported
+    TierCounters tiers_seen;    // policy->tier_counters() already reported
   };
   void release(SeqId seq);
   std::string start(const SequenceStart& s);

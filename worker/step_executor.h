@@ -56,6 +56,9 @@ struct StepResult {
   double seconds = 0;        // forward pass and sampling
   int32_t batch_tokens = 0;  // tokens fed in the pass
   int64_t evicted_slots = 0; // by the policies during this step
+  int64_t demoted_slots = 0;   // evicted slots sent to a lower tier (lazy+tiers) this step
+  int64_t promoted_slots = 0;  // slots brought back into the device cache this step
+  int64_t promotion_hits = 0;  // promoted slots that received attention this step
   int64_t kv_slots = 0;      // live slots over all sequences, layers and heads after the step
   size_t kv_bytes = 0;       // pages in use
 };

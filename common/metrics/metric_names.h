@@ -41,6 +41,7 @@ inline constexpr std::string_view kWorkerLabel[] = {"worker"};
 inline constexpr std::string_view kTypeLabel[] = {"type"};
 inline constexpr std::string_view kRequestLabels[] = {"endpoint", "code"};
 inline constexpr std::string_view kBuildLabels[] = {"version", "model"};
+inline constexpr std::string_view kTransportLabel[] = {"transport"};
 
 constexpr std::span<const std::string_view> no_labels() { return std::span<const std::string_view>(kNoLabels, 0); }
 constexpr std::span<const double> no_buckets() { return {}; }
@@ -104,6 +105,27 @@ inline constexpr MetricDef kTransferDuration{
     "lazykv_transfer_duration_seconds", MetricType::kHistogram, "Time of one block transfer between tiers.",
     kTransferLabels, kLatencyBuckets};
 
+// --- kvstore ---------------------------------------------------------------------
+inline constexpr MetricDef kKvstoreBlocks{
+    "lazykv_kvstore_blocks", MetricType::kGauge, "Demoted KV blocks held by the kvstore, by tier (host, nvme).",
+    kTierLabel, no_buckets()};
+inline constexpr MetricDef kKvstoreLeases{
+    "lazykv_kvstore_leases", MetricType::kGauge,
+    "Blocks leased to an in-flight transfer (put reservations and read leases).", no_labels(), no_buckets()};
+inline constexpr MetricDef kKvstorePoolFragmentation{
+    "lazykv_kvstore_host_pool_fragmentation_ratio", MetricType::kGauge,
+    "1 - largest free run / free bytes of the host pool (0: one free run).", no_labels(), no_buckets()};
+inline constexpr MetricDef kKvstoreRequests{
+    "lazykv_kvstore_requests_total", MetricType::kCounter,
+    "kvstore requests, by operation (endpoint: put, get, drop, drop_sequence, stats) and outcome code.", kRequestLabels, no_buckets()};
+inline constexpr MetricDef kKvstoreNvmeAdmissions{
+    "lazykv_kvstore_nvme_admissions_total", MetricType::kCounter,
+    "Blocks leaving the host tier, by decision (admitted to nvme, or rejected by the admission rule).", kTypeLabel,
+    no_buckets()};
+inline constexpr MetricDef kTransportInfo{
+    "lazykv_transport_info", MetricType::kGauge,
+    "Open UCX connections, by the transport UCX chose (tcp, shm, rdma, cuda...).", kTransportLabel, no_buckets()};
+
 // --- workers ---------------------------------------------------------------------
 inline constexpr MetricDef kStepDuration{
     "lazykv_step_duration_seconds", MetricType::kHistogram, "Time of one scheduler step on a worker.",
@@ -122,11 +144,13 @@ inline constexpr MetricDef kBuildInfo{
     kBuildLabels, no_buckets()};
 
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 24> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 30> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
     &kRequests,         &kPromptTokens,      &kGenerationTokens, &kPreemptions,    &kErrors,
     &kKvSlots,          &kKvBytes,           &kKvCapacityBytes,  &kEvictions,      &kDemotions,
-    &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kStepDuration,
+    &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kKvstoreBlocks,
+    &kKvstoreLeases,    &kKvstorePoolFragmentation, &kKvstoreRequests, &kKvstoreNvmeAdmissions, &kTransportInfo,
+    &kStepDuration,
     &kStepBatchSize,    &kStepTokens,        &kWorkerUp,         &kBuildInfo};
 
 }  // namespace lazykv::metrics

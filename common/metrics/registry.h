@@ -77,8 +77,9 @@ class Registry {
 
   // Every metric of kAllMetrics in order (HELP and TYPE even with no series;
   // unlabelled ones are always present, 0 until touched), series sorted by
-  // label values. Content type: "text/plain; version=0.0.4; charset=utf-8".
+  // label values, served with kContentType.
   std::string render() const;
+  static constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
 
  private:
   struct Family;

@@ -15,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/metrics/registry.h"
+#include "common/rpc/grpc_server.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/server/service_config.h"
 #include "coordinator/server/prompt_encoder.h"
@@ -51,31 +52,6 @@ class GrpcApi final : public lazykv::v1::Lazykv::Service {
   metrics::Registry& metrics_;
   ServiceConfig config_;
   std::atomic<int> in_flight_{0};
-};
-
-// A started gRPC server offering one service plus grpc.health.v1. Stopped
-// (at once) when destroyed, unless shutdown() was called before.
-class GrpcServer {
- public:
-  // Listens on host:port (port 0: any free port) without TLS. Throws
-  // Error(kIo) when the address cannot be bound.
-  GrpcServer(const std::string& host, int port, grpc::Service& service);
-  ~GrpcServer();
-  GrpcServer(const GrpcServer&) = delete;
-  GrpcServer& operator=(const GrpcServer&) = delete;
-
-  int port() const { return port_; }
-  // The health status of the whole server ("") and of lazykv.v1.Lazykv:
-  // SERVING or NOT_SERVING. SERVING from the start.
-  void set_serving(bool serving);
-  // Stops accepting calls, lets running ones finish until `deadline`, then
-  // cancels the rest and waits for their handlers to return. Idempotent.
-  void shutdown(std::chrono::steady_clock::time_point deadline);
-
- private:
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  bool stopped_ = false;
 };
 
 }  // namespace lazykv

@@ -341,6 +341,9 @@ bool Scheduler::step_once() {
     return true;
   }
   metrics_.counter(metrics::kEvictions).inc(double(result.evicted_slots));
+  metrics_.counter(metrics::kDemotions).inc(double(result.demoted_slots));
+  metrics_.counter(metrics::kPromotions).inc(double(result.promoted_slots));
+  metrics_.counter(metrics::kPromotionHits).inc(double(result.promotion_hits));
   metrics_.gauge(metrics::kKvSlots, {"device"}).set(double(result.kv_slots));
   metrics_.gauge(metrics::kKvBytes, {"device"}).set(double(result.kv_bytes));
   for (const SampledToken& sampled : result.tokens) {

@@ -121,7 +121,7 @@ void OpenAiService::handle(const http::Request& request, http::ResponseWriter& o
     } else if (path == "/metrics") {
       if (!get) return method_not_allowed("metrics", "GET");
       count("metrics", 200);
-      out.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render());
+      out.send(200, metrics::Registry::kContentType, metrics_.render());
     } else if (path == "/v1/models" || path.starts_with("/v1/models/")) {
       if (!get) return method_not_allowed("models", "GET");
       authenticate(request);

@@ -19,7 +19,7 @@ artifacts="$build_dir/fuzz-artifacts"
 mkdir -p "$artifacts"
 
 status=0
-for format in gguf safetensors tokenizer chat_template policy_trace openai_request; do
+for format in gguf safetensors tokenizer chat_template policy_trace openai_request kvstore_header; do
   fuzzer="$build_dir/tests/fuzz/${format}_fuzz"
   if [[ ! -x "$fuzzer" ]]; then
     echo "missing $fuzzer (build the ${format}_fuzz target first)" >&2

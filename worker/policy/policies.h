@@ -9,6 +9,7 @@ namespace lazykv {
 
 std::unique_ptr<EvictionPolicy> make_full_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_lazy_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_lazy_tiers_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_streaming_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_h2o_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_tova_policy(const PolicyConfig& config, const PolicyShape& shape);

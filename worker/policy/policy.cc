@@ -125,6 +125,7 @@ void EvictionPolicy::end_step(int layer, KvCache& cache, SeqId seq) {
     const std::vector<int32_t>& k = keep[size_t(h)];
     if (needs_.hits) std::fill(hd.hits.begin(), hd.hits.end(), uint8_t(0));
     if (k.empty() || int32_t(k.size()) == hd.n) continue;
+    before_compact(layer, h, hd, k, cache, seq);
     cache.compact(seq, layer, h, k);
     const auto shrink = [&](auto& v) {
       if (v.empty()) return;
@@ -141,7 +142,39 @@ void EvictionPolicy::end_step(int layer, KvCache& cache, SeqId seq) {
     slots_ -= dropped;
     evicted_ += dropped;
   }
+  after_compact(layer, cache, seq);
   policy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void EvictionPolicy::before_compact(int, int, const Head&, std::span<const int32_t>, const KvCache&, SeqId) {}
+
+void EvictionPolicy::after_compact(int, KvCache&, SeqId) {}
+
+bool EvictionPolicy::append_slots(int layer, int h, KvCache& cache, SeqId seq, std::span<const int32_t> positions,
+                                  const uint16_t* k_rows, const uint16_t* v_rows, std::span<const int32_t> last,
+                                  std::span<const int32_t> mri) {
+  const int32_t count = int32_t(positions.size());
+  if (count == 0) return true;
+  if (last.size() != positions.size() || mri.size() != positions.size()) {
+    throw Error(ErrorCode::kInternal, "policy " + config_.name + ": append_slots with mismatched state");
+  }
+  if (!cache.reserve_head(seq, layer, h, count)) return false;
+  const size_t row = size_t(shape_.head_dim);
+  for (int32_t i = 0; i < count; ++i) {
+    cache.append(seq, layer, h, positions[size_t(i)], k_rows + size_t(i) * row, v_rows + size_t(i) * row);
+  }
+  Head& hd = head(layer, h);
+  const size_t n = size_t(hd.n + count);
+  if (needs_.last_mri) {
+    hd.last.insert(hd.last.end(), last.begin(), last.end());
+    hd.mri.insert(hd.mri.end(), mri.begin(), mri.end());
+  }
+  if (needs_.attn_sum) hd.attn.resize(n, 0.0f);
+  if (needs_.hits) hd.hits.resize(n, 0);
+  hd.n = int32_t(n);
+  point_stats(hd);
+  slots_ += count;
+  return true;
 }
 
 void EvictionPolicy::keep_top(const float* scores, int32_t n_candidates, int32_t n, int32_t k,
@@ -190,6 +223,7 @@ std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const Po
   const std::string& n = config.name;
   if (n == "full") return make_full_policy(config, shape);
   if (n == "lazy") return make_lazy_policy(config, shape);
+  if (n == "lazy+tiers") return make_lazy_tiers_policy(config, shape);
   if (n == "streaming") return make_streaming_policy(config, shape);
   if (n == "h2o") return make_h2o_policy(config, shape);
   if (n == "tova") return make_tova_policy(config, shape);

@@ -39,6 +39,17 @@ struct ModelConfig;
 // The policy shape of a model for a prompt of prompt_len tokens.
 PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len);
 
+// What a tiered policy moved: the eval harness reports bytes per token and
+// the promotion hit rate from these.
+struct TierCounters {
+  int64_t demoted_slots = 0, demoted_bytes = 0;
+  int64_t promoted_slots = 0, promoted_bytes = 0;
+  int64_t promotion_hits = 0;   // promoted slots that received attention >= alpha before leaving again
+  int64_t fetched_blocks = 0, fetched_bytes = 0;  // brought back, promoted or not
+  int64_t fetch_waits = 0;      // eviction steps that waited for a block still in flight
+  bool tiers_available = true;
+};
+
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy();
@@ -80,6 +91,8 @@ class EvictionPolicy {
   // CPU seconds spent in end_step (statistics upkeep, scoring, selection,
   // compaction), summed over layers even when they run in parallel.
   double policy_seconds() const { return double(policy_ns_.load()) * 1e-9; }
+  // Zero for every policy without tiers.
+  virtual TierCounters tier_counters() const { return {}; }
   // The per-slot state of one head, for trace replay: {"last": [...], ...}.
   virtual nlohmann::json slot_state(int layer, int head) const;
 
@@ -135,6 +148,25 @@ class EvictionPolicy {
   // its own causal mask: probs[rows][n], rows = remembered x queries_per_head
   // (returns rows).
   int32_t recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const;
+  // Hooks for a policy that moves slots between tiers (lazy+tiers).
+  // Before a head is compacted, while the rows of the slots it drops are
+  // still in the cache (keep: the surviving slot indices, increasing).
+  virtual void before_compact(int layer, int head, const Head& h, std::span<const int32_t> keep,
+                              const KvCache& cache, SeqId seq);
+  // Once per layer at the end of every end_step, after compaction.
+  virtual void after_compact(int layer, KvCache& cache, SeqId seq);
+  // Appends slots to one head of `layer` (from after_compact): their f16 K
+  // and V rows ([n][head_dim] each) into the cache, and their state (last
+  // hit, maximum recurrence interval; zero attention, no hit) into the
+  // policy. Returns false, appending nothing, when the cache has no room.
+  bool append_slots(int layer, int head, KvCache& cache, SeqId seq, std::span<const int32_t> positions,
+                    const uint16_t* k_rows, const uint16_t* v_rows, std::span<const int32_t> last,
+                    std::span<const int32_t> mri);
+  // The head's state, for hooks that need another head of the layer.
+  const Head& head_state(int layer, int h) const {
+    return heads_[size_t(layer) * size_t(heads_per_layer_) + size_t(h)];
+  }
+
   // Scratch for select() (one set per layer: layers run concurrently).
   struct Scratch {
     std::vector<float> scores, pooled, probs, keys, aux;

@@ -58,7 +58,9 @@ void check_cross_rules(const PolicyConfig& c) {
                                                    format_number(c.get("budget")) + ")");
     }
   };
-  if (c.name == "lazy" || c.name == "snapkv" || c.name == "rkv") require_below_budget("window");
+  if (c.name == "lazy" || c.name == "lazy+tiers" || c.name == "snapkv" || c.name == "rkv") {
+    require_below_budget("window");
+  }
   if (c.name == "streaming") require_below_budget("sinks");
   if (c.name == "h2o") require_below_budget("recent");
 }
@@ -74,6 +76,14 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"window", 128, 1, kMaxSlots, true, "observation window = protected recent slots = eviction period W"},
         {"alpha", 1e-4, 0, 1, false, "attention probability that counts as a hit"},
         {"per_query_head", 0, 0, 1, true, "1: track and select per query head (GQA expanded), as the reference"}}},
+      {"lazy+tiers",
+       "LazyEviction whose evicted recurring tokens are demoted to the host/NVMe tiers and promoted back",
+       {budget_param(),
+        {"window", 128, 1, kMaxSlots, true, "observation window = protected recent slots = eviction period W"},
+        {"alpha", 1e-4, 0, 1, false, "attention probability that counts as a hit"},
+        {"promote", 16, 0, kMaxSlots, true, "most slots promoted per KV head at one eviction step"},
+        {"fetch", 4, 0, 1024, true, "most demoted blocks fetched per KV head at one eviction step"},
+        {"probe", 1, 0, 1, true, "1: also promote by a query probe against the blocks' key bounds"}}},
       {"streaming",
        "StreamingLLM: attention sinks plus a recent window",
        {budget_param(), {"sinks", 4, 0, kMaxSlots, true, "first tokens always kept"}}},

@@ -59,6 +59,9 @@ void to_proto(const StepResult& in, pb::StepResult* out) {
   out->set_seconds(in.seconds);
   out->set_batch_tokens(in.batch_tokens);
   out->set_evicted_slots(in.evicted_slots);
+  out->set_demoted_slots(in.demoted_slots);
+  out->set_promoted_slots(in.promoted_slots);
+  out->set_promotion_hits(in.promotion_hits);
   out->set_kv_slots(in.kv_slots);
   out->set_kv_bytes(uint64_t(in.kv_bytes));
 }
@@ -133,6 +136,9 @@ StepResult from_proto(const pb::StepResult& in) {
   out.seconds = in.seconds();
   out.batch_tokens = in.batch_tokens();
   out.evicted_slots = in.evicted_slots();
+  out.demoted_slots = in.demoted_slots();
+  out.promoted_slots = in.promoted_slots();
+  out.promotion_hits = in.promotion_hits();
   out.kv_slots = in.kv_slots();
   out.kv_bytes = size_t(in.kv_bytes());
   return out;

@@ -79,21 +79,4 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext*, const ::lazykv::work
   return grpc::Status::OK;
 }
 
-std::unique_ptr<grpc::Server> start_worker_server(WorkerService& service, const std::string& host, int port,
-                                                  int* bound_port) {
-  if (port < 0 || port > 65535) throw Error(ErrorCode::kInvalidArgument, "the port must be in [0, 65535]");
-  const std::string address = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-                              std::to_string(port);
-  int selected = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected);
-  builder.SetMaxReceiveMessageSize(kMaxWorkerMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxWorkerMessageBytes);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || selected == 0) throw Error(ErrorCode::kIo, "cannot listen on " + address);
-  if (bound_port) *bound_port = selected;
-  return server;
-}
-
 }  // namespace lazykv

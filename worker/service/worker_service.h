@@ -15,16 +15,14 @@
 #include "lazykv/worker/v1/worker.grpc.pb.h"
 #include "worker/step_executor.h"
 
-namespace grpc {
-class Server;
-}
-
 namespace lazykv {
 
 class WorkerService final : public ::lazykv::worker::v1::Worker::Service {
  public:
   // `sequences`, when given, is read after each step (under the step lock)
   // and reported by Heartbeat.
+  static constexpr const char* kServiceName = "lazykv.worker.v1.Worker";  // served with common/rpc/grpc_server.h
+
   explicit WorkerService(StepExecutor& executor, std::function<int64_t()> sequences = {});
 
   grpc::Status Info(grpc::ServerContext* context, const ::lazykv::worker::v1::InfoRequest* request,
@@ -51,10 +49,5 @@ class WorkerService final : public ::lazykv::worker::v1::Worker::Service {
 // Largest message either side accepts: a step plan carries whole prompts.
 inline constexpr int kMaxWorkerMessageBytes = 256 << 20;
 
-// A started gRPC server for `service` on host:port (port 0: any free port).
-// Throws Error(kIo) when the address cannot be bound. `bound_port` is the
-// port actually listened on.
-std::unique_ptr<grpc::Server> start_worker_server(WorkerService& service, const std::string& host, int port,
-                                                  int* bound_port);
 
 }  // namespace lazykv

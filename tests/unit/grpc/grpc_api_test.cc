@@ -106,7 +106,7 @@ class GrpcApiTest : public ::testing::Test {
     config.api_keys = keys;
     config.version = "test";
     api_ = std::make_unique<GrpcApi>(*tokenizer_, *scheduler_, registry_, config);
-    server_ = std::make_unique<GrpcServer>("127.0.0.1", 0, *api_);
+    server_ = std::make_unique<GrpcServer>("127.0.0.1", 0, *api_, GrpcApi::kServiceName);
     ASSERT_GT(server_->port(), 0);
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials());
     stub_ = v1::Lazykv::NewStub(channel_);
@@ -464,7 +464,7 @@ TEST_F(GrpcApiTest, ApiKeysAreRequired) {
 }
 
 TEST_F(GrpcApiTest, ABusyPortIsAnError) {
-  EXPECT_THROW(GrpcServer second("127.0.0.1", server_->port(), *api_), Error);
+  EXPECT_THROW(GrpcServer second("127.0.0.1", server_->port(), *api_, GrpcApi::kServiceName), Error);
 }
 
 }  // namespace

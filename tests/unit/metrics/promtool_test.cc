@@ -52,6 +52,7 @@ void populate(Registry& registry) {
       {"type", {{"invalid_request"}, {"overloaded"}}},
       {"endpoint", {{"/v1/chat/completions", "200"}, {"/v1/completions", "400"}}},
       {"version", {{"0.1.0", "SmolLM2-135M-Instruct"}}},
+      {"transport", {{"tcp"}, {"shm"}}},
   };
   for (const MetricDef* def : kAllMetrics) {
     std::vector<LabelValues> series = {{}};

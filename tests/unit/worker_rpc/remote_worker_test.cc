@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/rpc/grpc_server.h"
 #include "common/metrics/metric_names.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "tests/unit/tiny_model_fixture.h"
@@ -102,13 +103,15 @@ class WorkerRpcTest : public ::testing::Test {
     explicit ServedWorker(int port, size_t capacity = 0)
         : worker(*model_, worker_options(capacity)),
           service(worker, [this] { return int64_t(worker.n_sequences()); }),
-          server(start_worker_server(service, "127.0.0.1", port, &this->port)) {}
-    ~ServedWorker() { server->Shutdown(std::chrono::system_clock::now()); }
+          server(std::make_unique<GrpcServer>("127.0.0.1", port, service, WorkerService::kServiceName,
+                                              kMaxWorkerMessageBytes)),
+          port(server->port()) {}
+    ~ServedWorker() { server->shutdown(std::chrono::steady_clock::now()); }
     std::string address() const { return "127.0.0.1:" + std::to_string(port); }
     LocalWorker worker;
     WorkerService service;
-    int port = 0;
-    std::unique_ptr<grpc::Server> server;
+    std::unique_ptr<GrpcServer> server;
+    int port = 0;  // after server: initialised from it
   };
 
   static RemoteWorkerOptions fast_heartbeats(metrics::Registry* registry = nullptr) {
@@ -282,7 +285,9 @@ TEST_F(WorkerRpcTest, AStepPastItsDeadlineThrowsUnavailableAndHeartbeatsGoOn) {
   BlockingExecutor executor;
   WorkerService service(executor);
   int port = 0;
-  std::unique_ptr<grpc::Server> server = start_worker_server(service, "127.0.0.1", 0, &port);
+  auto server = std::make_unique<GrpcServer>("127.0.0.1", 0, service, WorkerService::kServiceName,
+                                             kMaxWorkerMessageBytes);
+  port = server->port();
   RemoteWorkerOptions options = fast_heartbeats();
   options.step_timeout = 300ms;
   RemoteWorker remote("127.0.0.1:" + std::to_string(port), options);
@@ -299,7 +304,7 @@ TEST_F(WorkerRpcTest, AStepPastItsDeadlineThrowsUnavailableAndHeartbeatsGoOn) {
   std::this_thread::sleep_for(500ms);
   EXPECT_TRUE(remote.alive());
   executor.release();
-  server->Shutdown(std::chrono::system_clock::now() + 5s);
+  server->shutdown(std::chrono::steady_clock::now() + 5s);
 }
 
 TEST_F(WorkerRpcTest, ConnectingToNothingFailsWithUnavailableNamingTheAddress) {

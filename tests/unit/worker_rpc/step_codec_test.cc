@@ -96,6 +96,9 @@ TEST(StepCodec, StepResultRoundTrip) {
   result.seconds = 0.123456789;
   result.batch_tokens = 77;
   result.evicted_slots = int64_t(1) << 35;
+  result.demoted_slots = 17;
+  result.promoted_slots = 5;
+  result.promotion_hits = 3;
   result.kv_slots = 123456;
   result.kv_bytes = size_t(5) << 33;
   const StepResult back = round_trip<rpc::pb::StepResult>(result);
@@ -112,6 +115,9 @@ TEST(StepCodec, StepResultRoundTrip) {
   EXPECT_EQ(back.seconds, result.seconds);
   EXPECT_EQ(back.batch_tokens, 77);
   EXPECT_EQ(back.evicted_slots, result.evicted_slots);
+  EXPECT_EQ(back.demoted_slots, 17);
+  EXPECT_EQ(back.promoted_slots, 5);
+  EXPECT_EQ(back.promotion_hits, 3);
   EXPECT_EQ(back.kv_slots, result.kv_slots);
   EXPECT_EQ(back.kv_bytes, result.kv_bytes);
 }

@@ -1,0 +1,248 @@
+#include "worker/tiers/tier_mover.h"
+
+#include <cstdio>
+#include <random>
+
+#include "common/error.h"
+#include "kvstore/client/kvstore_client.h"
+#include "kvstore/local_block_store.h"
+
+namespace lazykv::tiers {
+
+void Fetch::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return ready(); });
+}
+
+void Fetch::finish(State state, std::string error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::move(error);
+    state_.store(state, std::memory_order_release);
+  }
+  done_.notify_all();
+}
+
+TierMover::TierMover(std::unique_ptr<kvstore::BlockStore> store, uint64_t max_queued_bytes, const std::string& why)
+    : store_(std::move(store)),
+      description_(store_ ? store_->describe() : "tiers off: " + why),
+      max_queued_bytes_(max_queued_bytes) {
+  if (!store_) {
+    available_ = false;
+    stats_.available = false;
+    stats_.last_error = why;
+    return;
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+TierMover::~TierMover() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void TierMover::enqueue(Op op) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queued_bytes_ += op.queued_bytes;
+    queue_.push_back(std::move(op));
+  }
+  work_.notify_one();
+}
+
+void TierMover::failed(const std::exception& e, bool fatal) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.failures;
+  stats_.last_error = e.what();
+  if (fatal && available_.exchange(false)) {
+    stats_.available = false;
+    std::fprintf(stderr, "[tiers] %s is unavailable (%s); continuing without tiers\n", description_.c_str(),
+                 e.what());
+  }
+}
+
+bool TierMover::put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kvstore::BlockHint hint) {
+  const uint64_t size = bytes.size();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!available() || queued_bytes_ + size > max_queued_bytes_) {
+      ++stats_.refused;
+      return false;
+    }
+  }
+  auto payload = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  enqueue(Op{[this, key, payload, hint] {
+               if (!available()) return;
+               try {
+                 store_->put(key, *payload, hint);
+                 std::lock_guard<std::mutex> lock(mutex_);
+                 ++stats_.blocks_demoted;
+                 stats_.bytes_demoted += payload->size();
+               } catch (const Error& e) {
+                 failed(e, e.code() == ErrorCode::kUnavailable);
+               }
+             },
+             size});
+  return true;
+}
+
+std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t bytes, kvstore::BlockHint hint) {
+  if (!available()) return nullptr;
+  auto fetch = std::make_shared<Fetch>();
+  enqueue(Op{[this, key, bytes, hint, fetch] {
+               if (!available()) {
+                 fetch->finish(Fetch::State::kFailed, "tiers unavailable");
+                 return;
+               }
+               try {
+                 fetch->bytes_.resize(bytes);
+                 const size_t got = store_->get(key, fetch->bytes_, hint);
+                 if (got != bytes) {
+                   throw Error(ErrorCode::kIo, "block " + key.to_string() + " came back with " + std::to_string(got) +
+                                                   " bytes, expected " + std::to_string(bytes));
+                 }
+                 {
+                   std::lock_guard<std::mutex> lock(mutex_);
+                   ++stats_.blocks_fetched;
+                   stats_.bytes_fetched += got;
+                 }
+                 fetch->finish(Fetch::State::kDone);
+               } catch (const Error& e) {
+                 failed(e, e.code() == ErrorCode::kUnavailable);
+                 fetch->bytes_.clear();
+                 fetch->finish(Fetch::State::kFailed, e.what());
+               }
+             },
+             0});
+  return fetch;
+}
+
+void TierMover::drop(const kvstore::BlockKey& key) {
+  if (!available()) return;
+  enqueue(Op{[this, key] {
+               if (!available()) return;
+               try {
+                 store_->drop(key);
+               } catch (const Error& e) {
+                 failed(e, e.code() == ErrorCode::kUnavailable);
+               }
+             },
+             0});
+}
+
+void TierMover::drop_sequence(uint64_t model_fingerprint, uint64_t sequence) {
+  if (!available()) return;
+  enqueue(Op{[this, model_fingerprint, sequence] {
+               if (!available()) return;
+               try {
+                 store_->drop_sequence(model_fingerprint, sequence);
+               } catch (const Error& e) {
+                 failed(e, e.code() == ErrorCode::kUnavailable);
+               }
+             },
+             0});
+}
+
+void TierMover::flush() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
+MoverStats TierMover::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  MoverStats s = stats_;
+  s.available = available();
+  return s;
+}
+
+void TierMover::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) {
+      if (stopping_) return;
+      continue;
+    }
+    Op op = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    op.run();
+    lock.lock();
+    queued_bytes_ -= op.queued_bytes;
+    busy_ = false;
+    if (queue_.empty()) idle_.notify_all();
+  }
+}
+
+// --- the process's tiers ---------------------------------------------------------
+
+namespace {
+
+std::mutex process_mutex;
+TierConfig process_config;
+std::shared_ptr<TierMover> process_mover;
+
+std::shared_ptr<TierMover> build_mover(const TierConfig& config) {
+  if (config.kvstore_address.empty()) {
+    kvstore::TierStoreOptions options;
+    options.host_capacity_bytes = config.host_tier_bytes;
+    options.nvme_path = config.nvme_path;
+    options.nvme_capacity_bytes = config.nvme_tier_bytes;
+    return std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options));
+  }
+  try {
+    kvstore::KvstoreClientOptions options;
+    options.address = config.kvstore_address;
+    options.transport.transports = config.transports;
+    auto client = std::make_unique<kvstore::KvstoreClient>(options);
+    std::fprintf(stderr, "[tiers] demoting to %s\n", client->describe().c_str());
+    return std::make_shared<TierMover>(std::move(client));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "[tiers] kvstore %s unreachable (%s); running without tiers\n",
+                 config.kvstore_address.c_str(), e.what());
+    return std::make_shared<TierMover>(nullptr, 0, e.what());
+  }
+}
+
+}  // namespace
+
+void configure_tiers(const TierConfig& config) {
+  std::lock_guard<std::mutex> lock(process_mutex);
+  process_config = config;
+  process_mover.reset();
+}
+
+std::shared_ptr<TierMover> process_tiers() {
+  std::lock_guard<std::mutex> lock(process_mutex);
+  if (!process_mover) process_mover = build_mover(process_config);
+  return process_mover;
+}
+
+void shutdown_tiers() {
+  std::shared_ptr<TierMover> mover;
+  {
+    std::lock_guard<std::mutex> lock(process_mutex);
+    mover = std::move(process_mover);
+  }
+  if (mover) mover->flush();
+}
+
+uint64_t next_tier_sequence() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+
+uint64_t process_fingerprint() {
+  static const uint64_t fingerprint = [] {
+    std::random_device device;
+    return (uint64_t(device()) << 32) ^ device();
+  }();
+  return fingerprint;
+}
+
+}  // namespace lazykv::tiers

@@ -1,0 +1,130 @@
+// The worker's side of the tiers: one background thread that moves demoted
+// blocks to a BlockStore (the node's kvstore over UCX, or an in-process
+// TierStore) and fetches them back, so the decode step never waits on a tier
+// unless a slot is needed now. Shared by every sequence of the process.
+//
+// Failure: an Error(kUnavailable) from the store (the kvstore died) turns
+// the tiers off for the rest of the process: it is logged once, pending
+// fetches fail, further puts are refused, and policies go on as if they had
+// no tiers (lazy+tiers then evicts exactly like lazy). Other errors (no room,
+// a block not found) fail that one block only.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvstore/block_store.h"
+
+namespace lazykv::tiers {
+
+// A block on its way back. Filled by the mover thread.
+class Fetch {
+ public:
+  enum class State { kPending, kDone, kFailed };
+  State state() const { return state_.load(std::memory_order_acquire); }
+  bool ready() const { return state() != State::kPending; }
+  // Blocks until the fetch is done or failed.
+  void wait();
+  // Valid once state() is kDone.
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  friend class TierMover;
+  void finish(State state, std::string error = {});
+  std::atomic<State> state_{State::kPending};
+  std::vector<uint8_t> bytes_;
+  std::string error_;
+  std::mutex mutex_;
+  std::condition_variable done_;
+};
+
+struct MoverStats {
+  uint64_t blocks_demoted = 0, bytes_demoted = 0;
+  uint64_t blocks_fetched = 0, bytes_fetched = 0;
+  uint64_t refused = 0;   // puts not queued: tiers off or queue full
+  uint64_t failures = 0;  // operations the store failed
+  bool available = true;
+  std::string last_error;
+};
+
+class TierMover {
+ public:
+  // `max_queued_bytes` bounds the demotions waiting for the store (beyond it
+  // a put is refused: the block is evicted for good, never a stall).
+  // A null store: the tiers are off from the start (`why` says why).
+  explicit TierMover(std::unique_ptr<kvstore::BlockStore> store, uint64_t max_queued_bytes = 256ull << 20,
+                     const std::string& why = "");
+  ~TierMover();  // finishes queued work, then stops
+  TierMover(const TierMover&) = delete;
+  TierMover& operator=(const TierMover&) = delete;
+
+  bool available() const { return available_.load(std::memory_order_acquire); }
+  // Queues a demotion; false (nothing queued) when the tiers are off or the queue is full.
+  bool put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kvstore::BlockHint hint);
+  // Queues a fetch of a block of `bytes` bytes; null when the tiers are off.
+  std::shared_ptr<Fetch> fetch(const kvstore::BlockKey& key, size_t bytes, kvstore::BlockHint hint);
+  void drop(const kvstore::BlockKey& key);
+  void drop_sequence(uint64_t model_fingerprint, uint64_t sequence);
+  // Waits until everything queued so far is done.
+  void flush();
+
+  MoverStats stats() const;
+  std::string describe() const { return description_; }
+
+ private:
+  struct Op {
+    std::function<void()> run;
+    uint64_t queued_bytes = 0;
+  };
+  void enqueue(Op op);
+  void loop();
+  void failed(const std::exception& e, bool fatal);
+
+  std::unique_ptr<kvstore::BlockStore> store_;
+  const std::string description_;
+  const uint64_t max_queued_bytes_;
+  std::atomic<bool> available_{true};
+  mutable std::mutex mutex_;
+  std::condition_variable work_, idle_;
+  std::deque<Op> queue_;
+  uint64_t queued_bytes_ = 0;
+  bool busy_ = false;
+  bool stopping_ = false;
+  MoverStats stats_;
+  std::thread thread_;
+};
+
+// --- the process's tiers ---------------------------------------------------------
+// Configured once by the CLI (--kvstore, --host-tier-mib, ...); the lazy+tiers
+// policy finds them here, so every command (serve, worker, eval, generate)
+// runs it through the same flags.
+struct TierConfig {
+  std::string kvstore_address;      // HOST:PORT of a `lazykv kvstore`; empty: in-process tiers
+  std::string transports;           // UCX transports for the kvstore connection
+  uint64_t host_tier_bytes = 256ull << 20;  // in-process tier 1
+  std::string nvme_path;            // in-process tier 2 (empty: none)
+  uint64_t nvme_tier_bytes = 4ull << 30;
+};
+// Replaces the configuration; the next process_tiers() builds from it.
+void configure_tiers(const TierConfig& config);
+// The process's mover, built on first use. Never null: if the kvstore cannot
+// be reached, a mover with the tiers off (logged once).
+std::shared_ptr<TierMover> process_tiers();
+// Finishes the process mover's queued work and destroys it, so it never
+// outlives main (static destruction order). Call before returning from main.
+void shutdown_tiers();
+// Unique per process and call: the `sequence` of a sequence's block keys.
+uint64_t next_tier_sequence();
+// Distinguishes this process's blocks from another's in a shared kvstore.
+uint64_t process_fingerprint();
+
+}  // namespace lazykv::tiers
