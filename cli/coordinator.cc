@@ -2,17 +2,21 @@
 // continuous-batching scheduler, with the model running in a separate
 // `lazykv worker` process reached over gRPC. The same serving stack as
 // `lazykv serve`; only the StepExecutor is remote. Serves until SIGTERM or
-// SIGINT, then drains like serve.
+// SIGINT, then drains like serve. Given `--worker` once per rank of a
+// tensor-parallel group (in rank order), it sends every step to all of them.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/serving.h"
 #include "common/error.h"
 #include "common/model_registry.h"
 #include "coordinator/worker_client/remote_worker.h"
+#include "coordinator/worker_client/tensor_parallel_worker.h"
 #include "worker/format/gguf.h"
 
 namespace lazykv {
@@ -39,7 +43,9 @@ std::chrono::milliseconds millis_flag(const Flags& flags, const std::string& nam
 int run_coordinator(const std::vector<std::string>& args) {
   Flags flags("coordinator");
   flags.add("model", "default", "the model the worker serves (its tokenizer and chat template are read here)")
-      .add("worker", "127.0.0.1:7001", "HOST:PORT of the `lazykv worker` to run steps on")
+      .add("worker", "127.0.0.1:7001",
+           "HOST:PORT of the `lazykv worker` to run steps on; repeat it for each rank of a tensor-parallel group, "
+           "in rank order (`lazykv worker --rank R --world N`)")
       .add("connect-timeout", "60", "seconds to wait for the worker at start")
       .add("step-timeout", "120", "seconds one step may take on the worker before it counts as failed")
       .add("heartbeat-interval-ms", "1000", "milliseconds between heartbeats to the worker")
@@ -66,26 +72,64 @@ int run_coordinator(const std::vector<std::string>& args) {
   remote_options.metrics = &registry;
   remote_options.label = "0";
   remote_options.log = [](const std::string& line) { std::fprintf(stderr, "lazykv coordinator: %s\n", line.c_str()); };
-  remote_options.on_alive_change = [&api_ready](bool alive) {
-    if (OpenAiService* api = api_ready.load()) api->set_ready(alive);
+  std::vector<std::string> addresses = flags.get_all("worker");
+  if (addresses.empty()) addresses.push_back(flags.get("worker"));
+  // One RemoteWorker (with its own heartbeats) per rank; /ready needs them all.
+  std::vector<RemoteWorker*> ranks;
+  std::vector<std::unique_ptr<RemoteWorker>> owned_ranks;
+  auto all_alive = [&ranks] {
+    for (const RemoteWorker* r : ranks) {
+      if (!r->alive()) return false;
+    }
+    return true;
   };
-  std::fprintf(stderr, "lazykv coordinator: connecting to worker %s\n", flags.get("worker").c_str());
-  RemoteWorker worker(flags.get("worker"), remote_options);
-  if (worker.info().n_vocab != tokenizer->n_vocab()) {
+  std::atomic<bool> ranks_ready{false};
+  for (size_t r = 0; r < addresses.size(); ++r) {
+    RemoteWorkerOptions rank_options = remote_options;
+    rank_options.label = std::to_string(r);
+    rank_options.on_alive_change = [&api_ready, &ranks_ready, &all_alive](bool) {
+      if (!ranks_ready.load()) return;
+      if (OpenAiService* api = api_ready.load()) api->set_ready(all_alive());
+    };
+    std::fprintf(stderr, "lazykv coordinator: connecting to worker %s\n", addresses[r].c_str());
+    owned_ranks.push_back(std::make_unique<RemoteWorker>(addresses[r], rank_options));
+    ranks.push_back(owned_ranks.back().get());
+  }
+  ranks_ready = true;
+  std::unique_ptr<TensorParallelWorker> group;
+  StepExecutor* executor = ranks[0];
+  if (ranks.size() > 1) {
+    std::vector<TensorParallelRank> members;
+    for (auto& r : owned_ranks) {
+      RemoteWorker* raw = r.get();
+      members.push_back({std::move(r), "worker " + raw->address(), [raw] { return raw->alive(); }});
+    }
+    group = std::make_unique<TensorParallelWorker>(std::move(members));
+    executor = group.get();
+  }
+  // Stops the heartbeat callbacks' readiness updates before the ranks go away.
+  struct StopReadyUpdates {
+    std::atomic<bool>& flag;
+    ~StopReadyUpdates() { flag = false; }
+  } stop_ready_updates{ranks_ready};
+  if (executor->info().n_vocab != tokenizer->n_vocab()) {
     throw Error(ErrorCode::kInvalidArgument,
-                "worker " + worker.address() + " samples from " + std::to_string(worker.info().n_vocab) +
+                "worker " + ranks[0]->address() + " samples from " + std::to_string(executor->info().n_vocab) +
                     " tokens but --model's tokenizer has " + std::to_string(tokenizer->n_vocab()) +
                     ": start the worker and the coordinator with the same --model");
   }
+  std::string worker_names;
+  for (const RemoteWorker* r : ranks) worker_names += (worker_names.empty() ? "" : ", ") + r->address();
 
   SchedulerOptions scheduler_options = scheduler_options_from_flags(flags);
   scheduler_options.worker_label = remote_options.label;
-  Scheduler scheduler(worker, *tokenizer, registry, scheduler_options);
+  Scheduler scheduler(*executor, *tokenizer, registry, scheduler_options);
   ServeOptions options;
   options.role = "coordinator";
-  options.detail = "kv policy " + service.default_policy.to_string() + ", worker " + worker.address();
+  options.detail = "kv policy " + service.default_policy.to_string() +
+                   (ranks.size() > 1 ? ", tensor-parallel workers " : ", worker ") + worker_names;
   options.live_api = &api_ready;
-  options.ready = worker.alive();
+  options.ready = all_alive();
   return serve_until_signal(flags, signals, *tokenizer, scheduler, registry, service, options);
 }
 

@@ -7,6 +7,7 @@
 #include "common/flags.h"
 #include "coordinator/tokenizer/stop_strings.h"
 #include "worker/forward.h"
+#include "worker/tiers/tier_mover.h"
 #include "worker/sampler.h"
 
 namespace lazykv {
@@ -123,6 +124,16 @@ int run_generate(const std::vector<std::string>& args) {
                  double(t.demoted_bytes) / (1 << 20), static_cast<long long>(t.promoted_slots),
                  static_cast<long long>(t.promotion_hits), static_cast<long long>(t.fetched_blocks),
                  double(t.fetched_bytes) / (1 << 20), static_cast<long long>(t.fetch_waits));
+    tiers::process_tiers()->flush();
+    const kvstore::TierStoreStats s = tiers::process_tiers()->store_stats();
+    std::fprintf(stderr,
+                 "[tier store: host %zu blocks (%.1f MiB), nvme %zu blocks (%.1f MiB); %llu gets: %llu host hits, "
+                 "%llu nvme hits; victims: %llu admitted to nvme, %llu rejected, %llu dropped]\n",
+                 s.host_blocks, double(s.host_used_bytes) / (1 << 20), s.nvme_blocks,
+                 double(s.nvme_used_bytes) / (1 << 20), static_cast<unsigned long long>(s.gets),
+                 static_cast<unsigned long long>(s.host_hits), static_cast<unsigned long long>(s.nvme_hits),
+                 static_cast<unsigned long long>(s.nvme_admitted), static_cast<unsigned long long>(s.nvme_rejected),
+                 static_cast<unsigned long long>(s.dropped_victims));
   }
   return 0;
 }

@@ -2,9 +2,15 @@
 // step protocol (gRPC, lazykv.worker.v1.Worker), until SIGTERM or SIGINT.
 // The coordinator (`lazykv coordinator --worker HOST:PORT`) tokenizes,
 // schedules and serves HTTP; this process only runs steps.
+// With --world N > 1 it is one rank of a tensor-parallel group: it holds its
+// shard of the model, joins the other ranks through --tp-rendezvous (Gloo over
+// TCP) and serves the step protocol on its own --listen; the coordinator
+// sends every step to every rank (`--worker` once per rank, in rank order).
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <csignal>
+#include <memory>
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -13,6 +19,7 @@
 #include "common/flags.h"
 #include "common/rpc/grpc_server.h"
 #include "worker/local_worker.h"
+#include "worker/parallel/gloo_group.h"
 #include "worker/service/worker_service.h"
 
 namespace lazykv {
@@ -21,7 +28,12 @@ int run_worker(const std::vector<std::string>& args) {
   add_local_worker_flags(flags);
   flags.add("listen", "127.0.0.1:7001", "HOST:PORT for the coordinator's step protocol (port 0: any free port, printed)")
       .add("rank", "0", "this worker's rank in its tensor-parallel group")
-      .add("world", "1", "ranks in the tensor-parallel group (only 1 is implemented)");
+      .add("world", "1", "ranks in the tensor-parallel group (each holds its share of the heads and MLP)")
+      .add("tp-rendezvous", "",
+           "with --world > 1: a directory every rank can reach (shared across machines), fresh for each start of the "
+           "group; ranks publish their addresses there")
+      .add("tp-host", "127.0.0.1", "with --world > 1: the address this rank's peers reach it on")
+      .add("tp-timeout", "30", "with --world > 1: seconds a rendezvous or all-reduce may wait for a peer");
   flags.parse(args);
   if (flags.help_requested()) {
     std::fputs(flags.usage().c_str(), stdout);
@@ -31,17 +43,34 @@ int run_worker(const std::vector<std::string>& args) {
   const int64_t rank = flags.get_int("rank");
   if (world < 1) throw Error(ErrorCode::kInvalidArgument, "--world must be >= 1");
   if (rank < 0 || rank >= world) throw Error(ErrorCode::kInvalidArgument, "--rank must be in [0, --world)");
-  if (world > 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--world " + std::to_string(world) +
-                    ": tensor parallelism across ranks is not implemented yet; run one worker with --world 1");
+  if (world > 1 && flags.get("tp-rendezvous").empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "--world " + std::to_string(world) +
+                                                 " needs --tp-rendezvous DIR, the same for every rank of the group");
   }
+  const double tp_timeout = flags.get_double("tp-timeout");
+  if (!(tp_timeout > 0)) throw Error(ErrorCode::kInvalidArgument, "--tp-timeout must be > 0");
   const auto [host, port] = parse_host_port(flags.get("listen"), "--listen");
   const sigset_t signals = block_termination_signals();
 
   LoadedModel m = load_model(flags.get("model"));
   const LocalWorkerOptions options = local_worker_options_from_flags(flags, *m.tokenizer);
-  LocalWorker worker(*m.model, options);
+  // The group forms before the server listens, so a coordinator never sees a
+  // rank that cannot run steps yet.
+  std::unique_ptr<TensorParallelGroup> group;
+  if (world > 1) {
+    GlooGroupOptions group_options;
+    group_options.rank = int(rank);
+    group_options.world = int(world);
+    group_options.rendezvous_dir = flags.get("tp-rendezvous");
+    group_options.hostname = flags.get("tp-host");
+    group_options.timeout = std::chrono::milliseconds(int64_t(tp_timeout * 1000));
+    std::fprintf(stderr, "lazykv worker: rank %lld of %lld joining its group in %s\n", static_cast<long long>(rank),
+                 static_cast<long long>(world), group_options.rendezvous_dir.c_str());
+    group = std::make_unique<GlooGroup>(group_options);
+  } else {
+    group = std::make_unique<SoloGroup>();
+  }
+  LocalWorker worker(*m.model, options, *group);
   WorkerService service(worker, [&worker] { return int64_t(worker.n_sequences()); });
   GrpcServer server(host, port, service, WorkerService::kServiceName, kMaxWorkerMessageBytes);
   const int bound_port = server.port();

@@ -25,6 +25,8 @@ class BlockStore {
   virtual size_t get(const BlockKey& key, std::span<uint8_t> out, BlockHint hint) = 0;
   virtual bool drop(const BlockKey& key) = 0;
   virtual size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence) = 0;
+  // The tiers' counters (blocks and bytes per tier, admissions, hits).
+  virtual TierStoreStats stats() = 0;
   // For logs: "kvstore 10.0.0.2:7100 via tcp", "in-process host tier (256 MiB)".
   virtual std::string describe() const = 0;
 };

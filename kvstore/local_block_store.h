@@ -15,6 +15,7 @@ class LocalBlockStore final : public BlockStore {
   size_t get(const BlockKey& key, std::span<uint8_t> out, BlockHint hint) override;
   bool drop(const BlockKey& key) override;
   size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence) override;
+  TierStoreStats stats() override { return store_.stats(); }
   std::string describe() const override;
   TierStore& tiers() { return store_; }
 

@@ -24,6 +24,7 @@ packages=(
   libboost-dev              # Boost.Beast: the HTTP API
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # the gRPC APIs
   libucx-dev librocksdb-dev libxxhash-dev  # the kvstore: UCX transport, NVMe tier, block checksums
+  libgloo-dev               # tensor-parallel workers: the CPU all-reduce
   curl prometheus           # end-to-end tests: a real HTTP client, promtool and a real scrape
 )
 missing=()

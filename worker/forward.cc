@@ -25,10 +25,33 @@ void grow(std::vector<T>& v, size_t n) {
 }  // namespace
 
 ForwardPass::ForwardPass(const Model& model, KvCache& cache, ThreadPool& pool, cpu::ActivationPrecision precision)
-    : model_(model), cache_(cache), pool_(pool), precision_(precision) {}
+    : owned_shard_(std::make_unique<ModelShard>(model, 0, 1)),
+      owned_group_(std::make_unique<SoloGroup>()),
+      shard_(*owned_shard_),
+      group_(*owned_group_),
+      model_(model),
+      cache_(cache),
+      pool_(pool),
+      precision_(precision) {}
+
+ForwardPass::ForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool,
+                         cpu::ActivationPrecision precision)
+    : shard_(shard), group_(group), model_(shard.model()), cache_(cache), pool_(pool), precision_(precision) {
+  if (group.world() != shard.world() || group.rank() != shard.rank()) {
+    throw Error(ErrorCode::kInvalidArgument, "forward: a shard for rank " + std::to_string(shard.rank()) + " of " +
+                                                 std::to_string(shard.world()) + " in a group where this is rank " +
+                                                 std::to_string(group.rank()) + " of " +
+                                                 std::to_string(group.world()));
+  }
+  if (cache.config().n_head_kv != shard.config().n_head_kv) {
+    throw Error(ErrorCode::kInvalidArgument, "forward: the KV cache holds " + std::to_string(cache.config().n_head_kv) +
+                                                 " heads but the shard has " +
+                                                 std::to_string(shard.config().n_head_kv));
+  }
+}
 
 void ForwardPass::ensure_buffers(int64_t n, int64_t n_logit_rows, int32_t max_slots) {
-  const ModelConfig& c = model_.config();
+  const ModelConfig& c = shard_.config();
   const size_t q_dim = size_t(c.n_head) * c.head_dim;
   const size_t kv_dim = size_t(c.n_head_kv) * c.head_dim;
   grow(x_, size_t(n) * c.n_embd);
@@ -47,7 +70,10 @@ void ForwardPass::ensure_buffers(int64_t n, int64_t n_logit_rows, int32_t max_sl
   for (auto& s : scores_) grow(s, size_t(c.n_group()) * size_t(max_slots));
 
   size_t need = 0;
-  for (const LayerWeights& w : model_.layers()) {
+  for (const ShardLayer& layer : shard_.layers()) {
+    const LayerWeights& w = layer.w;
+    if (layer.wo_input_offset >= 0) grow(wide_, size_t(n) * size_t(w.wo.cols));
+    if (layer.down_input_offset >= 0) grow(wide_, size_t(n) * size_t(w.w_down.cols));
     for (const cpu::WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
       need = std::max(need, cpu::matmul_scratch_bytes(*m, n, pool_.size(), precision_));
     }
@@ -65,8 +91,14 @@ void ForwardPass::matmul(const cpu::WeightMatrix& w, const float* x, int64_t row
   cpu::matmul(w, x, rows, y, scratch_, pool_, precision_);
 }
 
+const float* ForwardPass::widen(const float* x, int64_t rows, int64_t width, int64_t full, int64_t offset) {
+  std::fill(wide_.begin(), wide_.begin() + rows * full, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) std::copy(x + r * width, x + (r + 1) * width, wide_.data() + r * full + offset);
+  return wide_.data();
+}
+
 std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
-  const ModelConfig& c = model_.config();
+  const ModelConfig& c = shard_.config();
   const int64_t E = c.n_embd;
   const int D = c.head_dim;
   const int H = c.n_head;
@@ -117,7 +149,25 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
     max_slots = std::max(max_slots, cache_.max_slots(item.seq) + int32_t(item.tokens.size()));
   }
   ensure_buffers(T, n_logit_rows, max_slots);
-  for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
+  if (group_.world() == 1) {
+    for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
+  } else {
+    // Every rank runs the pass or none does: a rank that went ahead alone
+    // would wait in the all-reduce for the others.
+    float full = 0;
+    std::string why;
+    try {
+      for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfMemory) throw;
+      full = 1;
+      why = e.what();
+    }
+    group_.all_reduce_sum(&full, 1);
+    if (full > 0) {
+      throw Error(ErrorCode::kOutOfMemory, why.empty() ? "forward: another tensor-parallel rank's KV cache is full" : why);
+    }
+  }
   // Nothing below throws before the appends, so policies and cache stay in step.
   for (const BatchItem& item : batch) {
     if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
@@ -156,7 +206,8 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   const RopeTable& rope = model_.rope();
 
   for (int l = 0; l < c.n_layer; ++l) {
-    const LayerWeights& w = model_.layers()[size_t(l)];
+    const ShardLayer& layer = shard_.layers()[size_t(l)];
+    const LayerWeights& w = layer.w;
     for (int64_t r = 0; r < T; ++r) cpu::rms_norm(x_.data() + r * E, w.attn_norm, xn_.data() + r * E, E, c.rms_eps);
     matmul(w.wq, xn_.data(), T, q_.data());
     matmul(w.wk, xn_.data(), T, k_.data());
@@ -212,7 +263,11 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
         }
       }
     });
-    matmul(w.wo, attn_.data(), T, tmp_.data());
+    const float* wo_in = layer.wo_input_offset < 0
+                             ? attn_.data()
+                             : widen(attn_.data(), T, q_dim, w.wo.cols, layer.wo_input_offset);
+    matmul(w.wo, wo_in, T, tmp_.data());
+    group_.all_reduce_sum(tmp_.data(), size_t(T * E));
     cpu::add_inplace(x_.data(), tmp_.data(), T * E);
 
     for (int64_t r = 0; r < T; ++r) cpu::rms_norm(x_.data() + r * E, w.ffn_norm, xn_.data() + r * E, E, c.rms_eps);
@@ -222,7 +277,11 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
       cpu::silu_mul(gate_.data() + begin * c.n_ff, up_.data() + begin * c.n_ff, gate_.data() + begin * c.n_ff,
                     (end - begin) * c.n_ff);
     });
-    matmul(w.w_down, gate_.data(), T, tmp_.data());
+    const float* down_in = layer.down_input_offset < 0
+                               ? gate_.data()
+                               : widen(gate_.data(), T, c.n_ff, w.w_down.cols, layer.down_input_offset);
+    matmul(w.w_down, down_in, T, tmp_.data());
+    group_.all_reduce_sum(tmp_.data(), size_t(T * E));
     cpu::add_inplace(x_.data(), tmp_.data(), T * E);
   }
 

@@ -5,12 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "common/thread_pool.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
+#include "worker/parallel/group.h"
+#include "worker/parallel/model_shard.h"
 #include "worker/policy/policy.h"
 
 namespace lazykv {
@@ -33,6 +36,11 @@ class ForwardPass {
   // activations); see kernels/cpu/matmul.h.
   ForwardPass(const Model& model, KvCache& cache, ThreadPool& pool,
               cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32);
+  // Tensor parallelism: this rank's shard of the model (the cache holds only
+  // its KV heads); the partial sums after Wo and w_down are all-reduced over
+  // `group`, which every rank's pass must join step for step (same batches).
+  ForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool,
+              cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32);
 
   // Returns logits, [rows][n_vocab] with rows in batch order: tokens.size()
   // rows for items with all_logits, else 1. Valid until the next call.
@@ -41,6 +49,7 @@ class ForwardPass {
   std::span<const float> run(std::span<const BatchItem> batch);
 
   int n_vocab() const { return model_.config().n_vocab; }
+  const ModelShard& shard() const { return shard_; }
   // Wall seconds spent in the policies' end_step (statistics upkeep, scoring,
   // selection, compaction) over all runs; layers run in parallel, so this is
   // less than the sum of the policies' own CPU time.
@@ -49,13 +58,20 @@ class ForwardPass {
  private:
   void ensure_buffers(int64_t n_tokens, int64_t n_logit_rows, int32_t max_slots);
   void matmul(const cpu::WeightMatrix& w, const float* x, int64_t rows, float* y);
+  // x [rows][width] as the input of a whole matrix of `full` columns: x at
+  // column `offset`, zeros elsewhere (when a rank's slice is not block-aligned).
+  const float* widen(const float* x, int64_t rows, int64_t width, int64_t full, int64_t offset);
 
+  std::unique_ptr<ModelShard> owned_shard_;  // the whole model, for the one-rank constructor
+  std::unique_ptr<SoloGroup> owned_group_;
+  const ModelShard& shard_;
+  TensorParallelGroup& group_;
   const Model& model_;
   KvCache& cache_;
   ThreadPool& pool_;
   cpu::ActivationPrecision precision_;
   // Activation buffers, grown on demand and reused across calls.
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
+  std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_, wide_;
   std::vector<uint16_t> k16_, v16_;
   std::vector<std::vector<float>> scores_;  // per thread [n_group][max_slots]
   std::vector<uint8_t> scratch_raw_;

@@ -8,12 +8,16 @@
 
 namespace lazykv {
 
-LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options)
+LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options) : LocalWorker(model, options, solo_) {}
+
+LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, TensorParallelGroup& group)
     : model_(model),
       options_(options),
       pool_(options.threads),
-      cache_({model.config().n_layer, model.config().n_head_kv, model.config().head_dim, 64, options.kv_capacity_bytes}),
-      forward_(model, cache_, pool_, options.precision) {
+      group_(group),
+      shard_(model, group.rank(), group.world()),
+      cache_({model.config().n_layer, shard_.config().n_head_kv, model.config().head_dim, 64, options.kv_capacity_bytes}),
+      forward_(shard_, group_, cache_, pool_, options.precision) {
   if (options_.n_ctx <= 0) options_.n_ctx = model.config().n_ctx_train;
   if (options_.n_vocab <= 0 || options_.n_vocab > model.config().n_vocab) options_.n_vocab = model.config().n_vocab;
 }
@@ -21,7 +25,7 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options)
 LocalWorker::~LocalWorker() = default;
 
 WorkerInfo LocalWorker::info() const {
-  const ModelConfig& c = model_.config();
+  const ModelConfig& c = shard_.config();  // this rank's heads
   WorkerInfo info;
   info.n_ctx = options_.n_ctx;
   info.n_vocab = options_.n_vocab;
@@ -53,7 +57,7 @@ std::string LocalWorker::start(const SequenceStart& s) {
   Sequence seq;
   try {
     s.sampling.validate();
-    seq.policy = make_policy(s.policy, policy_shape(model_.config(), int32_t(s.prompt.size())));
+    seq.policy = make_policy(s.policy, policy_shape(shard_.config(), int32_t(s.prompt.size())));
   } catch (const Error& e) {
     return e.what();
   }

@@ -1,5 +1,9 @@
 // The in-process worker of `lazykv serve`: the whole model on this machine's
 // CPU, one KV cache, one forward pass per step over every scheduled sequence.
+// In a tensor-parallel group (`lazykv worker --world N`) it is one rank: its
+// shard of the model and the KV cache of its heads; every rank gets the same
+// plans and samples the same tokens (the logits are whole on every rank), and
+// the coordinator uses rank 0's.
 #pragma once
 
 #include <memory>
@@ -25,6 +29,8 @@ struct LocalWorkerOptions {
 class LocalWorker final : public StepExecutor {
  public:
   LocalWorker(const Model& model, const LocalWorkerOptions& options);
+  // One rank of `group` (which must outlive the worker).
+  LocalWorker(const Model& model, const LocalWorkerOptions& options, TensorParallelGroup& group);
   ~LocalWorker() override;
 
   WorkerInfo info() const override;
@@ -49,6 +55,9 @@ class LocalWorker final : public StepExecutor {
   const Model& model_;
   LocalWorkerOptions options_;
   ThreadPool pool_;
+  SoloGroup solo_;
+  TensorParallelGroup& group_;
+  ModelShard shard_;
   KvCache cache_;
   ForwardPass forward_;
   std::unordered_map<SeqId, Sequence> seqs_;

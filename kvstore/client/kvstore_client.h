@@ -51,7 +51,7 @@ class KvstoreClient final : public BlockStore {
   size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence) override;
   std::string describe() const override;  // "kvstore HOST:PORT via TRANSPORT"
 
-  TierStoreStats stats();  // control plane
+  TierStoreStats stats() override;  // control plane
   uint64_t peers();        // data-plane clients the kvstore sees (control plane)
   const ::lazykv::kvstore::v1::InfoReply& info() const { return info_; }
   // Staging memory that blocks are sent from or received into.

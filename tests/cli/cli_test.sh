@@ -117,7 +117,7 @@ expect_exit 0 "generate with lazy" "$lazykv" generate --model "$model" --chat --
   --max-tokens 80 --kv-policy lazy --kv-budget 48 --kv-window 16
 expect_in "$tmp/err" "kv policy lazy(alpha=0.0001,budget=48,per_query_head=0,window=16)" "lazy policy summary"
 expect_exit 2 "unknown policy" "$lazykv" generate --model "$model" --prompt hi --kv-policy bogus
-expect_in "$tmp/err" "valid policies: full, lazy, streaming, h2o, tova, snapkv, rkv, raas" "unknown policy lists the valid ones"
+expect_in "$tmp/err" "valid policies: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas" "unknown policy lists the valid ones"
 expect_exit 2 "parameter the policy lacks" "$lazykv" generate --model "$model" --prompt hi --kv-policy streaming --kv-window 8
 expect_in "$tmp/err" "policy streaming has no parameter 'window'" "parameter the policy lacks is named"
 expect_exit 2 "window not below budget" "$lazykv" generate --model "$model" --prompt hi --kv-policy lazy --kv-budget 8 --kv-window 8

@@ -29,3 +29,22 @@ wait_for_line() {
   done
   echo "$found"
 }
+
+# start_kvstore BIN HOST_MIB [FLAGS...]: a `lazykv kvstore` on loopback (tcp,
+# 4 KiB allocation unit, /metrics on a free port); sets $kv_pid, $kv_port,
+# $kv_metrics (the URL) and $kv_log.
+start_kvstore() {
+  local bin=$1 host_mib=$2 line
+  shift 2
+  kv_log=$work/kvstore.$RANDOM.log
+  "$bin" kvstore --listen 127.0.0.1:0 --metrics-port 0 --host-capacity-mib "$host_mib" --alloc-unit-kib 4 \
+    --transports tcp --peer-timeout-ms 1500 "$@" >"$kv_log" 2>&1 &
+  kv_pid=$!
+  pids+=("$kv_pid")
+  line=$(wait_for_line "$kv_log" 'control (gRPC) on [0-9.]*:[0-9]*' "$kv_pid")
+  [ -n "$line" ] || { cat "$kv_log" >&2; echo "FAILED: the kvstore did not start" >&2; exit 1; }
+  kv_port=${line##*:}
+  kv_metrics=$(wait_for_line "$kv_log" 'http://[0-9.:]*/metrics' "$kv_pid")
+}
+# The value of one series (exact name with labels) of the kvstore's /metrics.
+kv_metric() { curl -sf "$kv_metrics" | awk -v m="$1" '$1 == m {print $2}'; }

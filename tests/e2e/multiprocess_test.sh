@@ -105,8 +105,8 @@ check "coordinator exits 0 on SIGTERM" test $? = 0
 kill -TERM "$worker_pid"
 wait "$worker_pid"
 check "worker exits 0 on SIGTERM" test $? = 0
-check "a worker with --world 2 is refused with a clear error" \
-  sh -c "'$bin' worker --model '$LAZYKV_DEFAULT_MODEL' --world 2 2>&1 | grep -q 'tensor parallelism across ranks is not implemented yet'"
+check "a worker with --world 2 but no rendezvous is refused with a clear error" \
+  sh -c "'$bin' worker --model '$LAZYKV_DEFAULT_MODEL' --world 2 2>&1 | grep -q 'needs --tp-rendezvous'"
 
 if [ "$failures" -gt 0 ]; then
   echo "--- coordinator log" >&2; cat "$coord_log" >&2

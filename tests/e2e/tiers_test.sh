@@ -14,35 +14,19 @@ set -uo pipefail
 bin=$1
 source "$(dirname "$0")/lib.sh"
 
-# start_kvstore: sets $kv_pid, $kv_port, $kv_metrics.
-start_kvstore() {
-  local log=$work/kvstore.$RANDOM.log line
-  "$bin" kvstore --listen 127.0.0.1:0 --metrics-port 0 --host-capacity-mib 2 \
-    --nvme-path "$work/nvme" --transports tcp --peer-timeout-ms 1500 >"$log" 2>&1 &
-  kv_pid=$!
-  pids+=("$kv_pid")
-  line=$(wait_for_line "$log" 'control (gRPC) on [0-9.]*:[0-9]*' "$kv_pid")
-  [ -n "$line" ] || { cat "$log" >&2; echo "FAILED: the kvstore did not start" >&2; exit 1; }
-  kv_port=${line##*:}
-  kv_metrics=$(wait_for_line "$log" 'http://[0-9.:]*/metrics' "$kv_pid")
-  kv_log=$log
-}
-metric() { curl -sf "$kv_metrics" | awk -v m="$1" '$1 == m {print $2}'; }
-
 policy=(--kv-policy lazy+tiers --kv-budget 48 --kv-window 8 --kv-alpha 0.001)
 prompt="Explain step by step why the sum of two odd numbers is always even, with three examples."
-start_kvstore
+start_kvstore "$bin" 64
 pass "kvstore on port $kv_port ($kv_metrics)"
 
-# 1. Through the kvstore process, and in process with the same tiers (2 MiB
-# host tier over RocksDB): the same text and the same tier counts, because
-# a step waits for the blocks requested for it (decisions never depend on
-# transfer timing).
+# 1. Through the kvstore process, and in process: the same text and the same
+# tier counts, because a step waits for the blocks requested for it
+# (decisions never depend on transfer timing).
 "$bin" generate --model "$LAZYKV_DEFAULT_MODEL" --chat --prompt "$prompt" --max-tokens 200 --threads 2 \
   "${policy[@]}" --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp >"$work/remote.txt" 2>"$work/remote.err"
 check "generate with --kvstore exits 0" test $? -eq 0
 "$bin" generate --model "$LAZYKV_DEFAULT_MODEL" --chat --prompt "$prompt" --max-tokens 200 --threads 2 \
-  "${policy[@]}" --host-tier-mib 2 --nvme-tier-path "$work/nvme-local" >"$work/local.txt" 2>"$work/local.err"
+  "${policy[@]}" --host-tier-mib 64 >"$work/local.txt" 2>"$work/local.err"
 check "generate with in-process tiers exits 0" test $? -eq 0
 grep -h '^\[tiers' "$work/remote.err" "$work/local.err"
 check "blocks were demoted through the kvstore" grep -Eq '\[tiers on: [1-9][0-9]* slots demoted' "$work/remote.err"
@@ -50,23 +34,26 @@ check "slots were promoted back from the kvstore" grep -Eq ' [1-9][0-9]* promote
 check "the same text through the kvstore as in process" cmp -s "$work/remote.txt" "$work/local.txt"
 counts() { grep '^\[tiers on' "$1" | sed 's/, [0-9]* waits//'; }
 check "the same tier counts through the kvstore as in process" test "$(counts "$work/remote.err")" = "$(counts "$work/local.err")"
-puts=$(metric 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}')
-gets=$(metric 'lazykv_kvstore_requests_total{endpoint="get",code="ok"}')
+puts=$(kv_metric 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}')
+gets=$(kv_metric 'lazykv_kvstore_requests_total{endpoint="get",code="ok"}')
 check "the kvstore counted puts ($puts) and gets ($gets)" test "${puts:-0}" -gt 0 -a "${gets:-0}" -gt 0
-check "the kvstore spilled to its nvme tier" test "$(metric 'lazykv_kvstore_nvme_admissions_total{type="admitted"}')" -gt 0 2>/dev/null
-check "no lease outlives the worker" test "$(metric lazykv_kvstore_leases)" = 0
+check "no lease outlives the worker" test "$(kv_metric lazykv_kvstore_leases)" = 0
+kill -TERM "$kv_pid"
+wait "$kv_pid"
 
-# 2. The kvstore dies in the middle of a generation.
+# 2. A kvstore with a 2 MiB host tier over RocksDB dies in the middle of a
+# generation, once it has spilled blocks to its nvme tier.
+start_kvstore "$bin" 2 --nvme-path "$work/nvme"
 "$bin" generate --model "$LAZYKV_DEFAULT_MODEL" --chat --prompt "$prompt" --max-tokens 600 --threads 2 --ignore-eos \
   "${policy[@]}" --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp >"$work/killed.txt" 2>"$work/killed.err" &
 gen_pid=$!
 pids+=("$gen_pid")
-before=$(metric 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}')
-for _ in $(seq 1 300); do
-  now=$(metric 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}')
-  [ "${now:-0}" -gt "$((before + 20))" ] && break
+for _ in $(seq 1 600); do
+  spilled=$(kv_metric 'lazykv_kvstore_nvme_admissions_total{type="admitted"}')
+  [ "${spilled:-0}" -gt 0 ] && break
   sleep 0.05
 done
+check "the kvstore spilled to its nvme tier ($spilled blocks) before it was killed" test "${spilled:-0}" -gt 0
 kill -9 "$kv_pid"
 wait "$gen_pid"
 check "the worker finished its text after the kvstore died" test $? -eq 0
@@ -75,7 +62,7 @@ check "and said its tiers were off" grep -q '^\[tiers off' "$work/killed.err"
 check "the text has 600 tokens" grep -q ' 600 generated' "$work/killed.err"
 
 # 3. A kvstore restarted on the same RocksDB path serves again.
-start_kvstore
+start_kvstore "$bin" 2 --nvme-path "$work/nvme"
 "$bin" generate --model "$LAZYKV_DEFAULT_MODEL" --chat --prompt "$prompt" --max-tokens 100 --threads 2 \
   "${policy[@]}" --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp >/dev/null 2>"$work/again.err"
 check "generate against the restarted kvstore" grep -q '^\[tiers on' "$work/again.err"

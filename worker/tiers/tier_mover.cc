@@ -33,7 +33,8 @@ TierMover::TierMover(std::unique_ptr<kvstore::BlockStore> store, uint64_t max_qu
     stats_.last_error = why;
     return;
   }
-  thread_ = std::thread([this] { loop(); });
+  for (size_t i = 0; i < kLanes; ++i) lanes_.push_back(std::make_unique<Lane>());
+  for (auto& lane : lanes_) lane->thread = std::thread([this, l = lane.get()] { loop(*l); });
 }
 
 TierMover::~TierMover() {
@@ -41,17 +42,31 @@ TierMover::~TierMover() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  work_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& lane : lanes_) {
+    lane->work.notify_all();
+    lane->thread.join();
+  }
 }
 
-void TierMover::enqueue(Op op) {
+size_t TierMover::lane_of(const kvstore::BlockKey& key) {
+  return size_t((key.sequence * 0x9E3779B97F4A7C15ull) ^ (uint64_t(key.layer) << 16) ^ key.kv_head) % kLanes;
+}
+
+void TierMover::enqueue(size_t lane, Op op) {
+  Lane& l = *lanes_[lane];
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queued_bytes_ += op.queued_bytes;
-    queue_.push_back(std::move(op));
+    l.queue.push_back(std::move(op));
   }
-  work_.notify_one();
+  l.work.notify_one();
+}
+
+bool TierMover::idle_locked() const {
+  for (const auto& lane : lanes_) {
+    if (!lane->queue.empty() || lane->busy) return false;
+  }
+  return true;
 }
 
 void TierMover::failed(const std::exception& e, bool fatal) {
@@ -75,7 +90,7 @@ bool TierMover::put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kv
     }
   }
   auto payload = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
-  enqueue(Op{[this, key, payload, hint] {
+  enqueue(lane_of(key), Op{[this, key, payload, hint] {
                if (!available()) return;
                try {
                  store_->put(key, *payload, hint);
@@ -93,7 +108,7 @@ bool TierMover::put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kv
 std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t bytes, kvstore::BlockHint hint) {
   if (!available()) return nullptr;
   auto fetch = std::make_shared<Fetch>();
-  enqueue(Op{[this, key, bytes, hint, fetch] {
+  enqueue(lane_of(key), Op{[this, key, bytes, hint, fetch] {
                if (!available()) {
                  fetch->finish(Fetch::State::kFailed, "tiers unavailable");
                  return;
@@ -123,7 +138,7 @@ std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t byt
 
 void TierMover::drop(const kvstore::BlockKey& key) {
   if (!available()) return;
-  enqueue(Op{[this, key] {
+  enqueue(lane_of(key), Op{[this, key] {
                if (!available()) return;
                try {
                  store_->drop(key);
@@ -136,20 +151,34 @@ void TierMover::drop(const kvstore::BlockKey& key) {
 
 void TierMover::drop_sequence(uint64_t model_fingerprint, uint64_t sequence) {
   if (!available()) return;
-  enqueue(Op{[this, model_fingerprint, sequence] {
-               if (!available()) return;
-               try {
-                 store_->drop_sequence(model_fingerprint, sequence);
-               } catch (const Error& e) {
-                 failed(e, e.code() == ErrorCode::kUnavailable);
-               }
-             },
-             0});
+  // A barrier across the lanes: the last lane to reach it drops, after every
+  // op queued before it anywhere.
+  auto waiting = std::make_shared<std::atomic<size_t>>(kLanes);
+  for (size_t lane = 0; lane < kLanes; ++lane) {
+    enqueue(lane, Op{[this, model_fingerprint, sequence, waiting] {
+                       if (waiting->fetch_sub(1) != 1 || !available()) return;
+                       try {
+                         store_->drop_sequence(model_fingerprint, sequence);
+                       } catch (const Error& e) {
+                         failed(e, e.code() == ErrorCode::kUnavailable);
+                       }
+                     },
+                     0});
+  }
 }
 
 void TierMover::flush() {
   std::unique_lock<std::mutex> lock(mutex_);
-  idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  idle_.wait(lock, [this] { return idle_locked(); });
+}
+
+kvstore::TierStoreStats TierMover::store_stats() {
+  if (!available()) return {};
+  try {
+    return store_->stats();
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 MoverStats TierMover::stats() const {
@@ -159,23 +188,23 @@ MoverStats TierMover::stats() const {
   return s;
 }
 
-void TierMover::loop() {
+void TierMover::loop(Lane& lane) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) {
+    lane.work.wait(lock, [&] { return stopping_ || !lane.queue.empty(); });
+    if (lane.queue.empty()) {
       if (stopping_) return;
       continue;
     }
-    Op op = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
+    Op op = std::move(lane.queue.front());
+    lane.queue.pop_front();
+    lane.busy = true;
     lock.unlock();
     op.run();
     lock.lock();
     queued_bytes_ -= op.queued_bytes;
-    busy_ = false;
-    if (queue_.empty()) idle_.notify_all();
+    lane.busy = false;
+    if (idle_locked()) idle_.notify_all();
   }
 }
 
@@ -191,6 +220,7 @@ std::shared_ptr<TierMover> build_mover(const TierConfig& config) {
   if (config.kvstore_address.empty()) {
     kvstore::TierStoreOptions options;
     options.host_capacity_bytes = config.host_tier_bytes;
+    options.host_alloc_unit = config.host_alloc_unit;
     options.nvme_path = config.nvme_path;
     options.nvme_capacity_bytes = config.nvme_tier_bytes;
     return std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options));

@@ -1,7 +1,10 @@
-// The worker's side of the tiers: one background thread that moves demoted
+// The worker's side of the tiers: background threads that move demoted
 // blocks to a BlockStore (the node's kvstore over UCX, or an in-process
-// TierStore) and fetches them back, so the decode step never waits on a tier
-// unless a slot is needed now. Shared by every sequence of the process.
+// TierStore) and fetch them back, off the decode step. Shared by every
+// sequence of the process. Work runs in kLanes lanes, one thread each, so
+// calls overlap their round trips; a (sequence, layer, KV head) always maps
+// to the same lane, so its put, fetch and drop of one block run in order,
+// and drop_sequence runs after everything queued before it in every lane.
 //
 // Failure: an Error(kUnavailable) from the store (the kvstore died) turns
 // the tiers off for the rest of the process: it is logged once, pending
@@ -78,29 +81,39 @@ class TierMover {
   void flush();
 
   MoverStats stats() const;
+  // The store's own counters (a call to the kvstore when remote); zeros when
+  // the tiers are off or the call fails.
+  kvstore::TierStoreStats store_stats();
   std::string describe() const { return description_; }
 
  private:
+  static constexpr size_t kLanes = 4;
   struct Op {
     std::function<void()> run;
     uint64_t queued_bytes = 0;
   };
-  void enqueue(Op op);
-  void loop();
+  struct Lane {
+    std::deque<Op> queue;
+    std::condition_variable work;
+    bool busy = false;
+    std::thread thread;
+  };
+  static size_t lane_of(const kvstore::BlockKey& key);
+  void enqueue(size_t lane, Op op);
+  void loop(Lane& lane);
+  bool idle_locked() const;
   void failed(const std::exception& e, bool fatal);
 
   std::unique_ptr<kvstore::BlockStore> store_;
   const std::string description_;
   const uint64_t max_queued_bytes_;
   std::atomic<bool> available_{true};
-  mutable std::mutex mutex_;
-  std::condition_variable work_, idle_;
-  std::deque<Op> queue_;
+  mutable std::mutex mutex_;  // guards every lane's queue and busy flag, the counters and stats_
+  std::condition_variable idle_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
   uint64_t queued_bytes_ = 0;
-  bool busy_ = false;
   bool stopping_ = false;
   MoverStats stats_;
-  std::thread thread_;
 };
 
 // --- the process's tiers ---------------------------------------------------------
@@ -111,6 +124,9 @@ struct TierConfig {
   std::string kvstore_address;      // HOST:PORT of a `lazykv kvstore`; empty: in-process tiers
   std::string transports;           // UCX transports for the kvstore connection
   uint64_t host_tier_bytes = 256ull << 20;  // in-process tier 1
+  // In-process tier-1 allocation unit: a lazy+tiers block is one eviction
+  // step of one KV head (a few KiB on small models), so small units waste less.
+  uint64_t host_alloc_unit = 4096;
   std::string nvme_path;            // in-process tier 2 (empty: none)
   uint64_t nvme_tier_bytes = 4ull << 30;
 };

@@ -1,0 +1,92 @@
+#include "coordinator/worker_client/tensor_parallel_worker.h"
+
+#include <algorithm>
+#include <exception>
+#include <future>
+
+#include "common/error.h"
+
+namespace lazykv {
+namespace {
+
+std::vector<SeqId> failed_ids(const StepResult& r) {
+  std::vector<SeqId> ids;
+  for (const auto& f : r.failed) ids.push_back(f.first);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace
+
+TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks) : ranks_(std::move(ranks)) {
+  if (ranks_.empty()) throw Error(ErrorCode::kInvalidArgument, "tensor-parallel worker: no ranks");
+  const WorkerInfo first = ranks_[0].executor->info();
+  info_ = first;
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    const WorkerInfo info = ranks_[r].executor->info();
+    if (info.n_vocab != first.n_vocab || info.n_ctx != first.n_ctx || info.n_layer != first.n_layer ||
+        info.n_group != first.n_group || info.page_slots != first.page_slots) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ranks_[r].name + " (rank " + std::to_string(r) + ") does not serve the same model as " +
+                      ranks_[0].name + " (rank 0): start every rank with the same --model, --ctx and flags");
+    }
+    // Keep the tighter rank: fewer bytes of capacity per KV head it holds.
+    const auto per_head = [](const WorkerInfo& i) { return double(i.kv_capacity_bytes) / double(i.n_head_kv); };
+    if (info.kv_capacity_bytes > 0 && (info_.kv_capacity_bytes == 0 || per_head(info) < per_head(info_))) info_ = info;
+  }
+}
+
+StepResult TensorParallelWorker::step(const StepPlan& plan) {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r].alive && !ranks_[r].alive()) {
+      // Starting the others would leave them waiting for this one in their all-reduce.
+      throw Error(ErrorCode::kUnavailable,
+                  ranks_[r].name + " (tensor-parallel rank " + std::to_string(r) + ") is down");
+    }
+  }
+  std::vector<std::future<StepResult>> others;
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    others.push_back(std::async(std::launch::async, [this, r, &plan] { return ranks_[r].executor->step(plan); }));
+  }
+  std::vector<StepResult> results(ranks_.size());
+  std::string errors;
+  auto note = [&](size_t r, const std::exception& e) {
+    errors += (errors.empty() ? "" : "; ") + ranks_[r].name + " (rank " + std::to_string(r) + "): " + e.what();
+  };
+  try {
+    results[0] = ranks_[0].executor->step(plan);
+  } catch (const std::exception& e) {
+    note(0, e);
+  }
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    try {
+      results[r] = others[r - 1].get();
+    } catch (const std::exception& e) {
+      note(r, e);
+    }
+  }
+  if (!errors.empty()) throw Error(ErrorCode::kUnavailable, "tensor-parallel step failed: " + errors);
+  const StepResult& lead = results[0];
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    if (results[r].out_of_memory != lead.out_of_memory || failed_ids(results[r]) != failed_ids(lead) ||
+        results[r].tokens.size() != lead.tokens.size()) {
+      throw Error(ErrorCode::kUnavailable, "tensor-parallel step failed: " + ranks_[r].name + " (rank " +
+                                               std::to_string(r) + ") disagrees with " + ranks_[0].name +
+                                               " (rank 0) on the step's outcome");
+    }
+  }
+  StepResult result = std::move(results[0]);
+  // Cache statistics are the group's: every rank holds its own heads' slots.
+  for (size_t r = 1; r < ranks_.size(); ++r) {
+    result.evicted_slots += results[r].evicted_slots;
+    result.demoted_slots += results[r].demoted_slots;
+    result.promoted_slots += results[r].promoted_slots;
+    result.promotion_hits += results[r].promotion_hits;
+    result.kv_slots += results[r].kv_slots;
+    result.kv_bytes = std::max(result.kv_bytes, results[r].kv_bytes);
+    result.seconds = std::max(result.seconds, results[r].seconds);
+  }
+  return result;
+}
+
+}  // namespace lazykv

@@ -1,0 +1,154 @@
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "common/error.h"
+#include "parallel_test_util.h"
+#include "worker/parallel/group.h"
+#include "worker/parallel/model_shard.h"
+
+namespace lazykv {
+namespace {
+
+TEST(ShardRange, SplitsContiguouslyWithTheExtraOnTheFirstRanks) {
+  EXPECT_EQ(shard_range(3, 0, 2).begin, 0);
+  EXPECT_EQ(shard_range(3, 0, 2).end, 2);
+  EXPECT_EQ(shard_range(3, 1, 2).begin, 2);
+  EXPECT_EQ(shard_range(3, 1, 2).end, 3);
+  for (int world = 1; world <= 5; ++world) {
+    int64_t next = 0;
+    for (int r = 0; r < world; ++r) {
+      const ShardRange range = shard_range(11, r, world);
+      EXPECT_EQ(range.begin, next);
+      EXPECT_GE(range.size(), 11 / world);
+      EXPECT_LE(range.size(), 11 / world + 1);
+      next = range.end;
+    }
+    EXPECT_EQ(next, 11);
+  }
+}
+
+TEST(SoloGroup, IsANoOp) {
+  SoloGroup solo;
+  float data[2] = {1.5f, -2.0f};
+  solo.all_reduce_sum(data, 2);
+  EXPECT_EQ(data[0], 1.5f);
+  EXPECT_EQ(data[1], -2.0f);
+  std::vector<uint8_t> bytes = {1, 2, 3};
+  solo.broadcast(bytes, 0);
+  EXPECT_EQ(bytes, (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(solo.world(), 1);
+}
+
+class GlooGroupTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooGroupTest, AllReduceSumsAndEveryRankGetsTheSameBits) {
+  const int world = GetParam();
+  const size_t n = 10007;  // not a multiple of the ring's segments
+  std::mutex mutex;
+  std::vector<std::vector<float>> results(static_cast<size_t>(world));
+  run_ranks(world, "allreduce", [&](TensorParallelGroup& group) {
+    ASSERT_EQ(group.world(), world);
+    std::vector<float> data(n);
+    for (size_t i = 0; i < n; ++i) data[i] = 0.1f * float(i % 97) + float(group.rank() + 1) / 3.0f;
+    group.all_reduce_sum(data.data(), n);
+    group.all_reduce_sum(data.data(), n);  // twice: the group stays usable
+    std::lock_guard<std::mutex> lock(mutex);
+    results[size_t(group.rank())] = data;
+  });
+  for (size_t i = 0; i < n; i += 101) {
+    float once = 0;
+    for (int r = 0; r < world; ++r) once += 0.1f * float(i % 97) + float(r + 1) / 3.0f;
+    EXPECT_NEAR(results[0][i], once * float(world), 1e-3f * std::abs(once * float(world)) + 1e-4f) << i;
+  }
+  for (int r = 1; r < world; ++r) EXPECT_EQ(results[size_t(r)], results[0]) << "rank " << r;
+}
+
+TEST_P(GlooGroupTest, BroadcastSendsTheRootsBytesWhateverTheirSize) {
+  const int world = GetParam();
+  std::mutex mutex;
+  std::vector<std::vector<uint8_t>> got(static_cast<size_t>(world));
+  run_ranks(world, "broadcast", [&](TensorParallelGroup& group) {
+    const int root = world - 1;
+    std::vector<uint8_t> bytes;
+    if (group.rank() == root) {
+      for (int i = 0; i < 1000; ++i) bytes.push_back(uint8_t(i * 7));
+    } else {
+      bytes = {42};
+    }
+    group.broadcast(bytes, root);
+    std::vector<uint8_t> empty;
+    if (group.rank() != 0) empty = {9, 9};
+    group.broadcast(empty, 0);
+    EXPECT_TRUE(empty.empty());
+    std::lock_guard<std::mutex> lock(mutex);
+    got[size_t(group.rank())] = bytes;
+  });
+  ASSERT_EQ(got[0].size(), 1000u);
+  EXPECT_EQ(got[0][999], uint8_t(999 * 7));
+  for (int r = 1; r < world; ++r) EXPECT_EQ(got[size_t(r)], got[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooGroupTest, ::testing::Values(2, 3));
+
+TEST(GlooGroup, APeerThatLeavesBecomesAnErrorNotAHang) {
+  std::atomic<bool> rank0_failed{false};
+  std::string message;
+  run_ranks(
+      2, "dead_peer",
+      [&](TensorParallelGroup& group) {
+        float x = 1;
+        group.all_reduce_sum(&x, 1);  // both alive
+        if (group.rank() == 1) return;  // leaves: its group (and sockets) close
+        try {
+          std::vector<float> data(1000, 1.0f);
+          group.all_reduce_sum(data.data(), data.size());
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+          message = e.what();
+          rank0_failed = true;
+        }
+        // Broken for good: later calls fail at once.
+        EXPECT_THROW(group.all_reduce_sum(&x, 1), Error);
+      },
+      std::chrono::milliseconds(5000));
+  EXPECT_TRUE(rank0_failed.load());
+  EXPECT_NE(message.find("rank 0 of 2"), std::string::npos) << message;
+}
+
+TEST(GlooGroup, ASilentPeerTimesOut) {
+  std::atomic<bool> failed{false};
+  std::atomic<bool> done{false};
+  run_ranks(
+      2, "silent_peer",
+      [&](TensorParallelGroup& group) {
+        if (group.rank() == 1) {
+          // Alive but never joins the collective until rank 0 gave up.
+          while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        float x = 1;
+        try {
+          group.all_reduce_sum(&x, 1);
+        } catch (const Error& e) {
+          failed = e.code() == ErrorCode::kUnavailable;
+        }
+        done = true;
+      },
+      std::chrono::milliseconds(500));
+  EXPECT_TRUE(failed.load());
+}
+
+TEST(GlooGroup, RejectsBadOptions) {
+  GlooGroupOptions options;
+  options.rank = 2;
+  options.world = 2;
+  options.rendezvous_dir = "/tmp";
+  EXPECT_THROW(GlooGroup{options}, Error);
+  options.rank = 0;
+  options.rendezvous_dir = "";
+  EXPECT_THROW(GlooGroup{options}, Error);
+}
+
+}  // namespace
+}  // namespace lazykv
