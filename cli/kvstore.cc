@@ -38,6 +38,8 @@ int run_kvstore(const std::vector<std::string>& args) {
       .add("nvme-capacity-mib", "16384", "tier 2: budget over stored block bytes")
       .add("nvme-admit-horizon", "4096",
            "tier 2 admission: a tier-1 victim is written only if its predicted reuse is at most this many steps away")
+      .add("step-ms", "20",
+           "one decode step on the workers, in ms: the unit of their reuse predictions and of --nvme-admit-horizon")
       .add("metrics-port", "-1", "HTTP port for /metrics and /health on the --listen host (-1: off, 0: any)");
   flags.parse(args);
   if (flags.help_requested()) {
@@ -68,6 +70,9 @@ int run_kvstore(const std::vector<std::string>& args) {
   options.tiers.nvme_path = flags.get("nvme-path");
   options.tiers.nvme_capacity_bytes = mib_flag(flags, "nvme-capacity-mib", 1);
   options.tiers.nvme_admit_horizon_steps = uint64_t(horizon);
+  const double step_ms = flags.get_double("step-ms");
+  if (!(step_ms > 0)) throw Error(ErrorCode::kInvalidArgument, "--step-ms must be > 0");
+  options.tiers.step_seconds = step_ms / 1000.0;
   options.transport.transports = flags.get("transports");
   options.transport.peer_timeout = std::chrono::milliseconds(timeout_ms);
   options.data_host = host;

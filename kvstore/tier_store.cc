@@ -355,6 +355,18 @@ struct TierStore::Impl {
     }
   }
 
+  // Advances the clock for one request: by one, or to the decode steps
+  // elapsed since start when options.step_seconds is set (so that hints in
+  // decode steps and the clock share a unit however many requests a step makes).
+  void tick() {
+    if (options.step_seconds <= 0) {
+      ++clock;
+      return;
+    }
+    const double steps = std::chrono::duration<double>(Clock::now() - started).count() / options.step_seconds;
+    clock = std::max(clock, uint64_t(steps));
+  }
+
   TierStoreOptions options;
   HostPool pool;
   std::unique_ptr<NvmeTier> nvme;
@@ -363,6 +375,7 @@ struct TierStore::Impl {
   mutable std::mutex mutex;
 
   uint64_t clock = 0;
+  const Clock::time_point started = Clock::now();
   PageId next_page = 1;
   uint64_t next_lease = 1;
   std::map<BlockKey, Entry> index;  // ordered: one sequence's keys are contiguous
@@ -460,7 +473,7 @@ PutReservation TierStore::reserve_put(PeerId peer, const BlockKey& key, uint64_t
                                              " bytes exceeds the host pool capacity");
   }
   std::lock_guard lock(s.mutex);
-  ++s.clock;
+  s.tick();
   const PageId page = s.next_page++;
   const uint64_t next_use = absolute_next_use(s.clock, hint.steps_until_use);
   uint64_t offset = 0;
@@ -535,7 +548,7 @@ bool TierStore::commit_put(PutReservation&& reservation, uint64_t checksum) {
 ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hint) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mutex);
-  ++s.clock;
+  s.tick();
   ++s.counters.gets;
   auto it = s.index.find(key);
   if (it == s.index.end()) {

@@ -2,10 +2,12 @@
 // learning-augmented policy (Guard by default), tier 2 (NvmeTier) behind an
 // admission rule, and the leases that keep in-flight blocks alive.
 //
-// Time: the policy's clock advances by one per put or get; a hint's
-// `steps_until_use` (decode steps until the worker predicts the block is read
-// again) is added to that clock to order predicted next uses. Only the order
-// matters to the policy.
+// Time: a hint's `steps_until_use` (decode steps until the worker predicts
+// the block is read again) is added to the store's clock to order predicted
+// next uses and to apply the tier-2 admission horizon. With step_seconds set
+// (the kvstore and in-process tiers: one decode step's duration) the clock
+// counts decode steps of wall time, the hints' own unit; with 0 it advances
+// by one per put or get (tests, and the paging model's request time).
 //
 // Leases: a put reserves pool space for the transfer (PutReservation) and a
 // get pins the block's bytes (ReadLease). Both belong to a peer. A block that
@@ -42,6 +44,7 @@ struct TierStoreOptions {
   // never to be used again, or only after the horizon, would cost an NVMe
   // write that is unlikely to be read back.)
   uint64_t nvme_admit_horizon_steps = 4096;
+  double step_seconds = 0;                 // the clock's unit (see "Time" above); 0: one per request
   metrics::Registry* metrics = nullptr;    // kvstore metrics, when set
 };
 

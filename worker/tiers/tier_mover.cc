@@ -221,6 +221,7 @@ std::shared_ptr<TierMover> build_mover(const TierConfig& config) {
     kvstore::TierStoreOptions options;
     options.host_capacity_bytes = config.host_tier_bytes;
     options.host_alloc_unit = config.host_alloc_unit;
+    options.step_seconds = config.step_seconds;
     options.nvme_path = config.nvme_path;
     options.nvme_capacity_bytes = config.nvme_tier_bytes;
     return std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options));

@@ -127,6 +127,7 @@ struct TierConfig {
   // In-process tier-1 allocation unit: a lazy+tiers block is one eviction
   // step of one KV head (a few KiB on small models), so small units waste less.
   uint64_t host_alloc_unit = 4096;
+  double step_seconds = 0.02;       // in-process tiers' clock unit (kvstore/tier_store.h "Time")
   std::string nvme_path;            // in-process tier 2 (empty: none)
   uint64_t nvme_tier_bytes = 4ull << 30;
 };
