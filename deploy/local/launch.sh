@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# lazykv on one machine as two processes: a worker (the model) and a
-# coordinator (HTTP API, tokenizer, scheduler) on loopback. Waits until both
-# are ready, prints the URL, and forwards SIGTERM/SIGINT to both (the
-# coordinator drains first, then the worker stops). If either process exits,
-# the other is stopped and the launcher exits non-zero.
+# A whole lazykv deployment on one machine, on loopback: optionally a kvstore
+# (host + NVMe KV tiers), N worker ranks (tensor parallel over Gloo when
+# N > 1), and a coordinator (HTTP API, tokenizer, scheduler). Waits until all
+# are ready, prints the URL, and forwards SIGTERM/SIGINT (the coordinator
+# drains first, then the workers and the kvstore stop). If any process exits,
+# the others are stopped and the launcher exits non-zero.
 #
-#   deploy/local/launch.sh [--bin PATH] [--model M] [--worker-port P] [--http-port P]
-#                          [--threads N] [--kv-cache-mib N] [-- extra coordinator flags]
+#   deploy/local/launch.sh [--bin PATH] [--model M] [--world N] [--kvstore] [--nvme-path DIR]
+#                          [--worker-port P] [--http-port P] [--threads N] [--kv-cache-mib N]
+#                          [-- extra coordinator flags]
 #
+# --world N       worker ranks (default 1); each gets --threads / N threads when --threads > 0
+# --kvstore       start a kvstore and point the workers at it (lazy+tiers demotes there)
+# --nvme-path DIR the kvstore's RocksDB tier (default: none)
 # Environment (flags win): LAZYKV_BIN (default: lazykv on PATH, else build/cli/lazykv),
-# LAZYKV_MODEL (default "default"), LAZYKV_WORKER_PORT (7001), LAZYKV_HTTP_PORT (8000),
-# LAZYKV_THREADS (0: all cores), LAZYKV_KV_CACHE_MIB (1024). Port 0 picks a free port.
+# LAZYKV_MODEL (default "default"), LAZYKV_WORKER_PORT (7001: rank r listens on 7001 + r),
+# LAZYKV_HTTP_PORT (8000), LAZYKV_THREADS (0: all cores), LAZYKV_KV_CACHE_MIB (1024).
+# Port 0 picks free ports.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${LAZYKV_BIN:-$(command -v lazykv || echo "$here/../../build/cli/lazykv")}
@@ -19,31 +25,41 @@ worker_port=${LAZYKV_WORKER_PORT:-7001}
 http_port=${LAZYKV_HTTP_PORT:-8000}
 threads=${LAZYKV_THREADS:-0}
 kv_mib=${LAZYKV_KV_CACHE_MIB:-1024}
+world=1
+with_kvstore=0
+nvme_path=""
 extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
+    --world) world=$2; shift 2 ;;
+    --kvstore) with_kvstore=1; shift ;;
+    --nvme-path) nvme_path=$2; shift 2 ;;
     --worker-port) worker_port=$2; shift 2 ;;
     --http-port) http_port=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --kv-cache-mib) kv_mib=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "launch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -x "$bin" ] || { echo "launch.sh: no lazykv binary at '$bin' (set --bin or LAZYKV_BIN)" >&2; exit 2; }
+[[ "$world" =~ ^[1-9][0-9]*$ ]] || { echo "launch.sh: --world must be a positive integer" >&2; exit 2; }
 
 logs=$(mktemp -d -t lazykv-launch.XXXXXX)
-worker_pid=""
 coord_pid=""
+worker_pids=()
+kvstore_pid=""
 stop_all() {
   [ -n "$coord_pid" ] && kill -TERM "$coord_pid" 2>/dev/null && wait "$coord_pid" 2>/dev/null
-  [ -n "$worker_pid" ] && kill -TERM "$worker_pid" 2>/dev/null && wait "$worker_pid" 2>/dev/null
+  for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${worker_pids[@]}"; do wait "$p" 2>/dev/null; done
+  [ -n "$kvstore_pid" ] && kill -TERM "$kvstore_pid" 2>/dev/null && wait "$kvstore_pid" 2>/dev/null
 }
 on_signal() {
-  echo "launch.sh: stopping (coordinator drains, then the worker stops)" >&2
+  echo "launch.sh: stopping (coordinator drains, then the workers and the kvstore stop)" >&2
   stop_all
   exit 0
 }
@@ -60,24 +76,48 @@ wait_for_line() {
   done
   echo "$found"
 }
+fail_start() { echo "launch.sh: $1 did not start (log: $2)" >&2; stop_all; exit 1; }
 
-"$bin" worker --model "$model" --listen "127.0.0.1:$worker_port" --threads "$threads" --kv-cache-mib "$kv_mib" \
-  > >(tee "$logs/worker.log") 2>&1 &
-worker_pid=$!
-line=$(wait_for_line "$logs/worker.log" 'listening on [0-9.]*:[0-9]*' "$worker_pid")
-[ -n "$line" ] || { echo "launch.sh: the worker did not start (log: $logs/worker.log)" >&2; stop_all; exit 1; }
-worker_port=${line##*:}
+worker_flags=()
+if [ "$with_kvstore" = 1 ]; then
+  nvme_flags=()
+  [ -n "$nvme_path" ] && nvme_flags=(--nvme-path "$nvme_path")
+  "$bin" kvstore --listen 127.0.0.1:0 "${nvme_flags[@]}" > >(tee "$logs/kvstore.log") 2>&1 &
+  kvstore_pid=$!
+  line=$(wait_for_line "$logs/kvstore.log" 'control (gRPC) on [0-9.]*:[0-9]*' "$kvstore_pid")
+  [ -n "$line" ] || fail_start "the kvstore" "$logs/kvstore.log"
+  worker_flags=(--kvstore "127.0.0.1:${line##*:}")
+fi
 
-"$bin" coordinator --model "$model" --worker "127.0.0.1:$worker_port" --port "$http_port" "${extra[@]}" \
+rank_threads=$threads
+[ "$threads" -gt 0 ] && [ "$world" -gt 1 ] && rank_threads=$(( threads / world > 0 ? threads / world : 1 ))
+[ "$world" -gt 1 ] && worker_flags+=(--world "$world" --tp-rendezvous "$logs/rendezvous")
+for ((rank = 0; rank < world; rank++)); do
+  port=$worker_port
+  [ "$worker_port" != 0 ] && port=$((worker_port + rank))
+  "$bin" worker --model "$model" --listen "127.0.0.1:$port" --threads "$rank_threads" --kv-cache-mib "$kv_mib" \
+    --rank "$rank" "${worker_flags[@]}" > >(tee "$logs/worker$rank.log") 2>&1 &
+  worker_pids+=($!)
+done
+coord_workers=()
+for ((rank = 0; rank < world; rank++)); do
+  line=$(wait_for_line "$logs/worker$rank.log" 'listening on [0-9.]*:[0-9]*' "${worker_pids[$rank]}")
+  [ -n "$line" ] || fail_start "worker rank $rank" "$logs/worker$rank.log"
+  coord_workers+=(--worker "127.0.0.1:${line##*:}")
+done
+
+"$bin" coordinator --model "$model" "${coord_workers[@]}" --port "$http_port" "${extra[@]}" \
   > >(tee "$logs/coordinator.log") 2>&1 &
 coord_pid=$!
 url=$(wait_for_line "$logs/coordinator.log" 'listening on http://[0-9.:]*' "$coord_pid")
-[ -n "$url" ] || { echo "launch.sh: the coordinator did not start (log: $logs/coordinator.log)" >&2; stop_all; exit 1; }
+[ -n "$url" ] || fail_start "the coordinator" "$logs/coordinator.log"
 url=${url#listening on }
-echo "lazykv is ready: $url (worker 127.0.0.1:$worker_port; logs in $logs)"
+echo "lazykv is ready: $url ($world worker rank(s)$([ "$with_kvstore" = 1 ] && echo ", a kvstore"); logs in $logs)"
 
-# Either process ending on its own is a failure: stop the other.
-wait -n "$worker_pid" "$coord_pid"
-echo "launch.sh: a process exited unexpectedly; stopping the other" >&2
+# Any process ending on its own is a failure: stop the others.
+watched=("$coord_pid" "${worker_pids[@]}")
+[ -n "$kvstore_pid" ] && watched+=("$kvstore_pid")
+wait -n "${watched[@]}"
+echo "launch.sh: a process exited unexpectedly; stopping the others" >&2
 stop_all
 exit 1
