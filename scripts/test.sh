@@ -23,7 +23,8 @@ if [ ! -f build-asan/CMakeCache.txt ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLAZYKV_SANITIZE=ON -DLAZYKV_CUDA=OFF \
     -DLAZYKV_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
 fi
-cmake --build build-asan -j"$jobs" >/dev/null || cmake --build build-asan -j1
+# Only the unit-test binaries: nothing else runs in this stage.
+cmake --build build-asan -j"$jobs" --target unit_tests >/dev/null || cmake --build build-asan -j1 --target unit_tests
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs" -L unit)
 
 echo "== Portable build (no -march=native): scalar kernels and fp16 fallbacks"
