@@ -21,7 +21,7 @@ echo "== Release: all tests"
 echo "== ASan/UBSan: unit tests"
 if [ ! -f build-asan/CMakeCache.txt ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLAZYKV_SANITIZE=ON -DLAZYKV_CUDA=OFF \
-    -DLAZYKV_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
+    -DLAZYKV_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" >/dev/null
 fi
 # Only the unit-test binaries: nothing else runs in this stage.
 cmake --build build-asan -j"$jobs" --target unit_tests >/dev/null || cmake --build build-asan -j1 --target unit_tests
