@@ -15,6 +15,7 @@
 #include "cli/serving.h"
 #include "common/error.h"
 #include "common/model_registry.h"
+#include "coordinator/worker_client/group_rendezvous.h"
 #include "coordinator/worker_client/remote_worker.h"
 #include "coordinator/worker_client/tensor_parallel_worker.h"
 #include "worker/format/gguf.h"
@@ -49,7 +50,10 @@ int run_coordinator(const std::vector<std::string>& args) {
       .add("connect-timeout", "60", "seconds to wait for the worker at start")
       .add("step-timeout", "120", "seconds one step may take on the worker before it counts as failed")
       .add("heartbeat-interval-ms", "1000", "milliseconds between heartbeats to the worker")
-      .add("heartbeat-misses", "3", "missed heartbeats in a row before the worker is declared dead");
+      .add("heartbeat-misses", "3", "missed heartbeats in a row before the worker is declared dead")
+      .add("tp-timeout", "30",
+           "with several --worker: seconds the ranks' rendezvous (arranged here) and each all-reduce may wait for a "
+           "peer");
   add_serving_flags(flags);
   flags.parse(args);
   if (flags.help_requested()) {
@@ -100,12 +104,25 @@ int run_coordinator(const std::vector<std::string>& args) {
   StepExecutor* executor = ranks[0];
   if (ranks.size() > 1) {
     std::vector<TensorParallelRank> members;
+    std::vector<GroupRank> group_ranks;
     for (auto& r : owned_ranks) {
       RemoteWorker* raw = r.get();
-      members.push_back({std::move(r), "worker " + raw->address(), [raw] { return raw->alive(); }});
+      group_ranks.push_back({raw->channel(), "worker " + raw->address()});
+      members.push_back({std::move(r), "worker " + raw->address(), [raw] { return raw->alive(); },
+                         [raw] { return raw->instance_id(); }});
     }
-    group = std::make_unique<TensorParallelWorker>(std::move(members));
+    const auto tp_timeout = millis_flag(flags, "tp-timeout", 1000);
+    auto form = [group_ranks, tp_timeout] {
+      std::fprintf(stderr, "lazykv coordinator: forming the tensor-parallel group of %zu ranks\n", group_ranks.size());
+      form_tensor_parallel_group(group_ranks, tp_timeout);
+      std::fprintf(stderr, "lazykv coordinator: the tensor-parallel group formed\n");
+    };
+    group = std::make_unique<TensorParallelWorker>(std::move(members), form);
     executor = group.get();
+  } else if (ranks[0]->info().world != 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "worker " + ranks[0]->address() + " is rank " + std::to_string(ranks[0]->info().rank) + " of " +
+                    std::to_string(ranks[0]->info().world) + ": give the coordinator one --worker per rank, in rank order");
   }
   // Stops the heartbeat callbacks' readiness updates before the ranks go away.
   struct StopReadyUpdates {

@@ -3,9 +3,10 @@
 // The coordinator (`lazykv coordinator --worker HOST:PORT`) tokenizes,
 // schedules and serves HTTP; this process only runs steps.
 // With --world N > 1 it is one rank of a tensor-parallel group: it holds its
-// shard of the model, joins the other ranks through --tp-rendezvous (Gloo over
-// TCP) and serves the step protocol on its own --listen; the coordinator
-// sends every step to every rank (`--worker` once per rank, in rank order).
+// shard of the model and serves the step protocol on its own --listen; the
+// coordinator (`--worker` once per rank, in rank order) arranges the ranks'
+// rendezvous (JoinGroup; Gloo over TCP between the ranks), forms the group
+// again when a rank restarts, and sends every step to every rank.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "common/rpc/grpc_server.h"
 #include "worker/local_worker.h"
 #include "worker/parallel/gloo_group.h"
+#include "worker/parallel/group_membership.h"
 #include "worker/service/worker_service.h"
 
 namespace lazykv {
@@ -29,11 +31,7 @@ int run_worker(const std::vector<std::string>& args) {
   flags.add("listen", "127.0.0.1:7001", "HOST:PORT for the coordinator's step protocol (port 0: any free port, printed)")
       .add("rank", "0", "this worker's rank in its tensor-parallel group")
       .add("world", "1", "ranks in the tensor-parallel group (each holds its share of the heads and MLP)")
-      .add("tp-rendezvous", "",
-           "with --world > 1: a directory every rank can reach (shared across machines), fresh for each start of the "
-           "group; ranks publish their addresses there")
-      .add("tp-host", "127.0.0.1", "with --world > 1: the address this rank's peers reach it on")
-      .add("tp-timeout", "30", "with --world > 1: seconds a rendezvous or all-reduce may wait for a peer");
+      .add("tp-host", "127.0.0.1", "with --world > 1: the address this rank's peers reach it on");
   flags.parse(args);
   if (flags.help_requested()) {
     std::fputs(flags.usage().c_str(), stdout);
@@ -43,35 +41,35 @@ int run_worker(const std::vector<std::string>& args) {
   const int64_t rank = flags.get_int("rank");
   if (world < 1) throw Error(ErrorCode::kInvalidArgument, "--world must be >= 1");
   if (rank < 0 || rank >= world) throw Error(ErrorCode::kInvalidArgument, "--rank must be in [0, --world)");
-  if (world > 1 && flags.get("tp-rendezvous").empty()) {
-    throw Error(ErrorCode::kInvalidArgument, "--world " + std::to_string(world) +
-                                                 " needs --tp-rendezvous DIR, the same for every rank of the group");
-  }
-  const double tp_timeout = flags.get_double("tp-timeout");
-  if (!(tp_timeout > 0)) throw Error(ErrorCode::kInvalidArgument, "--tp-timeout must be > 0");
   const auto [host, port] = parse_host_port(flags.get("listen"), "--listen");
   const sigset_t signals = block_termination_signals();
 
   LoadedModel m = load_model(flags.get("model"));
   const LocalWorkerOptions options = local_worker_options_from_flags(flags, *m.tokenizer);
-  // The group forms before the server listens, so a coordinator never sees a
-  // rank that cannot run steps yet.
-  std::unique_ptr<TensorParallelGroup> group;
+  // The group forms when the coordinator connects (JoinGroup), and again
+  // when it asks after a rank restarted; until then steps are refused.
+  GroupMembership membership{int(rank), int(world)};
+  if (world == 1) membership.join(std::make_unique<SoloGroup>());
+  LocalWorker worker(*m.model, options, membership);
+  JoinGroupFn join;
   if (world > 1) {
-    GlooGroupOptions group_options;
-    group_options.rank = int(rank);
-    group_options.world = int(world);
-    group_options.rendezvous_dir = flags.get("tp-rendezvous");
-    group_options.hostname = flags.get("tp-host");
-    group_options.timeout = std::chrono::milliseconds(int64_t(tp_timeout * 1000));
-    std::fprintf(stderr, "lazykv worker: rank %lld of %lld joining its group in %s\n", static_cast<long long>(rank),
-                 static_cast<long long>(world), group_options.rendezvous_dir.c_str());
-    group = std::make_unique<GlooGroup>(group_options);
-  } else {
-    group = std::make_unique<SoloGroup>();
+    const std::string tp_host = flags.get("tp-host");
+    join = [&, tp_host](std::chrono::milliseconds timeout, gloo::rendezvous::Store& store) {
+      std::fprintf(stderr, "lazykv worker: rank %lld of %lld joining its group\n", static_cast<long long>(rank),
+                   static_cast<long long>(world));
+      worker.release_all();  // the peers' halves of these caches are gone
+      membership.leave();
+      GlooGroupOptions group_options;
+      group_options.rank = int(rank);
+      group_options.world = int(world);
+      group_options.hostname = tp_host;
+      group_options.timeout = timeout;
+      membership.join(std::make_unique<GlooGroup>(group_options, store));
+      std::fprintf(stderr, "lazykv worker: rank %lld joined group %d\n", static_cast<long long>(rank),
+                   membership.joins());
+    };
   }
-  LocalWorker worker(*m.model, options, *group);
-  WorkerService service(worker, [&worker] { return int64_t(worker.n_sequences()); });
+  WorkerService service(worker, [&worker] { return int64_t(worker.n_sequences()); }, join);
   GrpcServer server(host, port, service, WorkerService::kServiceName, kMaxWorkerMessageBytes);
   const int bound_port = server.port();
 

@@ -36,11 +36,19 @@ WorkerInfo LocalWorker::info() const {
   info.n_layer = c.n_layer;
   info.n_head_kv = c.n_head_kv;
   info.n_group = c.n_group();
+  info.rank = group_.rank();
+  info.world = group_.world();
   return info;
 }
 
 void LocalWorker::release(SeqId seq) {
   if (seqs_.erase(seq) > 0) cache_.remove_sequence(seq);
+}
+
+void LocalWorker::release_all() {
+  std::vector<SeqId> ids;
+  for (const auto& [id, seq] : seqs_) ids.push_back(id);
+  for (SeqId id : ids) release(id);
 }
 
 std::string LocalWorker::start(const SequenceStart& s) {

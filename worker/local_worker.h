@@ -36,6 +36,9 @@ class LocalWorker final : public StepExecutor {
   WorkerInfo info() const override;
   StepResult step(const StepPlan& plan) override;
   size_t n_sequences() const { return seqs_.size(); }
+  // Drops every sequence and its KV (a tensor-parallel group formed again:
+  // the peers' halves of those caches are gone).
+  void release_all();
 
  private:
   struct Sequence {

@@ -73,6 +73,8 @@ struct WorkerInfo {
   int n_layer = 0;
   int n_head_kv = 0;
   int n_group = 1;  // query heads per KV head
+  int rank = 0;     // in its tensor-parallel group
+  int world = 1;    // ranks in the group; 1: none
 };
 
 class StepExecutor {

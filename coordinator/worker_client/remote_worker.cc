@@ -16,6 +16,10 @@ using Clock = std::chrono::steady_clock;
 
 struct RemoteWorker::Stub {
   std::unique_ptr<pb::Worker::Stub> stub;
+  // The open Steps stream (used by the scheduler's thread only); none before
+  // the first step and after a broken one.
+  std::unique_ptr<grpc::ClientContext> steps_context;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::StepPlan, pb::StepResult>> steps;
 };
 
 namespace {
@@ -50,7 +54,7 @@ bool same_shape(const WorkerInfo& a, const WorkerInfo& b) {
   return a.n_ctx == b.n_ctx && a.n_vocab == b.n_vocab && a.kv_capacity_bytes == b.kv_capacity_bytes &&
          a.kv_bytes_per_token == b.kv_bytes_per_token && a.kv_page_bytes == b.kv_page_bytes &&
          a.page_slots == b.page_slots && a.n_layer == b.n_layer && a.n_head_kv == b.n_head_kv &&
-         a.n_group == b.n_group;
+         a.n_group == b.n_group && a.rank == b.rank && a.world == b.world;
 }
 
 }  // namespace
@@ -75,7 +79,8 @@ RemoteWorker::RemoteWorker(const std::string& address, const RemoteWorkerOptions
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
-  stub_ = std::make_unique<Stub>(Stub{pb::Worker::NewStub(channel_)});
+  stub_ = std::make_unique<Stub>();
+  stub_->stub = pb::Worker::NewStub(channel_);
 
   // Connect: Info, waiting for the channel, retried with backoff until the timeout.
   const auto deadline = Clock::now() + options_.connect_timeout;
@@ -111,6 +116,10 @@ RemoteWorker::~RemoteWorker() {
   }
   wake_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (stub_ && stub_->steps) {
+    stub_->steps_context->TryCancel();
+    stub_->steps->Finish();
+  }
 }
 
 WorkerInfo RemoteWorker::info() const { return info_; }
@@ -136,28 +145,57 @@ StepResult RemoteWorker::step(const StepPlan& plan) {
   pb::StepPlan request;
   rpc::to_proto(plan, &request);
   std::vector<SeqId> deferred;
-  grpc::ClientContext context;
-  context.set_deadline(deadline_after(options_.step_timeout));
   {
     std::lock_guard lock(mutex_);
     deferred.assign(deferred_release_.begin(), deferred_release_.end());
-    in_flight_ = &context;
   }
   for (SeqId seq : deferred) {
     if (std::find(plan.release.begin(), plan.release.end(), seq) == plan.release.end()) request.add_release(seq);
   }
+  auto open_stream = [&] {
+    stub_->steps_context = std::make_unique<grpc::ClientContext>();
+    stub_->steps = stub_->stub->Steps(stub_->steps_context.get());
+    std::lock_guard lock(mutex_);
+    in_flight_ = stub_->steps_context.get();
+  };
+  const bool reused = stub_->steps != nullptr;
+  if (!reused) open_stream();
+  {
+    std::lock_guard lock(mutex_);
+    in_flight_ = stub_->steps_context.get();
+    step_deadline_ = Clock::now() + options_.step_timeout;
+    step_timed_out_ = false;
+  }
+  wake_.notify_all();  // the heartbeat thread watches the deadline
+  bool written = stub_->steps->Write(request);
+  if (!written && reused) {
+    // The stream broke while idle (the worker restarted, a connection
+    // dropped): this plan never reached the worker, so it goes once more on a
+    // new stream.
+    stub_->steps->Finish();
+    open_stream();
+    written = stub_->steps->Write(request);
+  }
   pb::StepResult reply;
-  const grpc::Status status = stub_->stub->Step(&context, request, &reply);
+  const bool ok = written && stub_->steps->Read(&reply);
+  bool timed_out = false;
   {
     std::lock_guard lock(mutex_);
     in_flight_ = nullptr;
-    if (status.ok()) {
+    timed_out = step_timed_out_;
+    if (ok) {
       for (SeqId seq : deferred) deferred_release_.erase(seq);
     }
   }
-  if (status.ok()) return rpc::from_proto(reply);
+  if (ok) return rpc::from_proto(reply);
+  // The stream is over: its status says why; the next step opens a new one.
+  const grpc::Status status = stub_->steps->Finish();
+  stub_->steps.reset();
+  stub_->steps_context.reset();
   if (release_only) return defer();
+  if (timed_out) throw unavailable("the step passed its deadline of " + seconds_text(options_.step_timeout));
   if (status.error_code() == grpc::StatusCode::CANCELLED && !alive_) throw unavailable(dead_reason);
+  if (status.ok()) throw unavailable("the worker ended the step stream");
   throw unavailable(status_text(status));
 }
 
@@ -188,9 +226,19 @@ void RemoteWorker::set_alive(bool alive, const std::string& why) {
 void RemoteWorker::heartbeat_loop() {
   int misses = 0;
   std::unique_lock lock(mutex_);
+  auto next_beat = Clock::now() + options_.heartbeat_interval;
   for (;;) {
-    wake_.wait_for(lock, options_.heartbeat_interval, [&] { return stopping_; });
+    // Wake for the next heartbeat, or earlier for a running step's deadline
+    // (step() notifies when it starts one).
+    const bool watching = in_flight_ != nullptr && !step_timed_out_;
+    wake_.wait_until(lock, watching ? std::min(next_beat, step_deadline_) : next_beat);
     if (stopping_) return;
+    if (in_flight_ != nullptr && !step_timed_out_ && Clock::now() >= step_deadline_) {
+      step_timed_out_ = true;
+      in_flight_->TryCancel();
+    }
+    if (Clock::now() < next_beat) continue;
+    next_beat = Clock::now() + options_.heartbeat_interval;
     lock.unlock();
     uint64_t instance = 0;
     if (heartbeat_once(&instance)) {

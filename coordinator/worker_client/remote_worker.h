@@ -1,6 +1,8 @@
 // A worker in another process, reached over gRPC (lazykv.worker.v1.Worker):
 // the coordinator's scheduler drives it exactly like the in-process
-// LocalWorker. A background thread sends heartbeats; after
+// LocalWorker. Steps travel over one Steps stream, opened at the first step
+// and again after it breaks. A background thread sends heartbeats (and
+// cancels a step past its deadline); after
 // `heartbeat_misses` failures in a row the worker is declared dead: alive()
 // turns false, lazykv_worker_up{worker=label} goes to 0, a step in flight is
 // cancelled and every step fails at once (Error kUnavailable) until a
@@ -63,6 +65,8 @@ class RemoteWorker final : public StepExecutor {
   bool alive() const { return alive_.load(); }
   const std::string& address() const { return address_; }
   uint64_t instance_id() const { return instance_id_.load(); }  // the worker process's, from heartbeats
+  // The connection, for calls beside the step protocol (JoinGroup).
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
   struct Stub;
@@ -81,7 +85,10 @@ class RemoteWorker final : public StepExecutor {
 
   std::mutex mutex_;                       // guards what follows
   std::set<SeqId> deferred_release_;       // releases not yet delivered
-  grpc::ClientContext* in_flight_ = nullptr;  // the running Step, cancelled when the worker is declared dead
+  grpc::ClientContext* in_flight_ = nullptr;  // the Steps call while a step runs: cancelled when the worker is
+                                              // declared dead or the step passes its deadline
+  std::chrono::steady_clock::time_point step_deadline_;
+  bool step_timed_out_ = false;
   bool stopping_ = false;
   std::condition_variable wake_;
   std::thread heartbeat_;

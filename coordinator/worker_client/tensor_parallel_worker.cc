@@ -18,8 +18,20 @@ std::vector<SeqId> failed_ids(const StepResult& r) {
 
 }  // namespace
 
-TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks) : ranks_(std::move(ranks)) {
+TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks, std::function<void()> form_group)
+    : ranks_(std::move(ranks)), form_group_(std::move(form_group)) {
   if (ranks_.empty()) throw Error(ErrorCode::kInvalidArgument, "tensor-parallel worker: no ranks");
+  const int world = int(ranks_.size());
+  for (int r = 0; r < world; ++r) {
+    const WorkerInfo info = ranks_[size_t(r)].executor->info();
+    if (info.rank != r || info.world != world) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ranks_[size_t(r)].name + " is rank " + std::to_string(info.rank) + " of " +
+                      std::to_string(info.world) + ", but it is --worker number " + std::to_string(r) + " of " +
+                      std::to_string(world) + ": give one --worker per rank, in rank order, to ranks started with "
+                      "--world " + std::to_string(world));
+    }
+  }
   const WorkerInfo first = ranks_[0].executor->info();
   info_ = first;
   for (size_t r = 1; r < ranks_.size(); ++r) {
@@ -34,6 +46,37 @@ TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks
     const auto per_head = [](const WorkerInfo& i) { return double(i.kv_capacity_bytes) / double(i.n_head_kv); };
     if (info.kv_capacity_bytes > 0 && (info_.kv_capacity_bytes == 0 || per_head(info) < per_head(info_))) info_ = info;
   }
+  if (form_group_) regroup_if_needed(StepPlan{});
+}
+
+std::vector<uint64_t> TensorParallelWorker::instances() const {
+  std::vector<uint64_t> ids;
+  for (const TensorParallelRank& rank : ranks_) ids.push_back(rank.instance ? rank.instance() : 0);
+  return ids;
+}
+
+void TensorParallelWorker::regroup_if_needed(const StepPlan& plan) {
+  if (!form_group_) return;
+  const std::vector<uint64_t> now = instances();
+  if (formed_ && now == formed_instances_) return;
+  std::string restarted;
+  for (size_t r = 0; r < formed_instances_.size(); ++r) {
+    if (now[r] != formed_instances_[r]) restarted += (restarted.empty() ? "" : ", ") + ranks_[r].name;
+  }
+  formed_ = false;
+  form_group_();  // throws: this step fails, the next one tries again
+  formed_ = true;
+  formed_instances_ = now;
+  ++groups_formed_;
+  // Every rank dropped its sequences: a step that continues one cannot run.
+  const bool continues = std::any_of(plan.items.begin(), plan.items.end(), [&](const StepItem& item) {
+    return std::none_of(plan.start.begin(), plan.start.end(), [&](const SequenceStart& s) { return s.seq == item.seq; });
+  });
+  if (continues && groups_formed_ > 1) {
+    throw Error(ErrorCode::kUnavailable,
+                "the tensor-parallel group formed again" + (restarted.empty() ? "" : " after " + restarted + " restarted") +
+                    "; the sequences it was running are lost");
+  }
 }
 
 StepResult TensorParallelWorker::step(const StepPlan& plan) {
@@ -44,6 +87,7 @@ StepResult TensorParallelWorker::step(const StepPlan& plan) {
                   ranks_[r].name + " (tensor-parallel rank " + std::to_string(r) + ") is down");
     }
   }
+  regroup_if_needed(plan);
   std::vector<std::future<StepResult>> others;
   for (size_t r = 1; r < ranks_.size(); ++r) {
     others.push_back(std::async(std::launch::async, [this, r, &plan] { return ranks_[r].executor->step(plan); }));

@@ -4,10 +4,14 @@
 // is the step's (its sampled tokens are the ones used; the others sample the
 // same). A rank that fails, or results that disagree on which sequences failed
 // or whether the cache was full, fail the whole step like a dead worker.
+// With `form_group` the coordinator arranges the ranks' rendezvous: the group
+// forms at construction, and again before the next step after a rank
+// restarted (its instance id changed), so a restarted rank is taken back.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,13 +23,15 @@ struct TensorParallelRank {
   std::unique_ptr<StepExecutor> executor;
   std::string name;                // in errors: "worker HOST:PORT"
   std::function<bool()> alive;     // optional: false skips the step at once (no rank starts it)
+  std::function<uint64_t()> instance;  // optional: the rank's process (heartbeats); a change means it restarted
 };
 
 class TensorParallelWorker final : public StepExecutor {
  public:
   // ranks in rank order. Throws Error(kInvalidArgument) when they do not
-  // serve the same model (vocabulary, context, layers).
-  explicit TensorParallelWorker(std::vector<TensorParallelRank> ranks);
+  // serve the same model (vocabulary, context, layers) or are not ranks 0..N-1
+  // of a group of N, and Error(kUnavailable) when form_group fails.
+  explicit TensorParallelWorker(std::vector<TensorParallelRank> ranks, std::function<void()> form_group = {});
 
   // The rank whose KV cache fills first (most KV heads for its capacity, rank
   // 0 when equal), so admission by these numbers fits every rank.
@@ -33,10 +39,19 @@ class TensorParallelWorker final : public StepExecutor {
   // Throws Error(kUnavailable) naming every failed rank.
   StepResult step(const StepPlan& plan) override;
   size_t world() const { return ranks_.size(); }
+  int groups_formed() const { return groups_formed_; }
 
  private:
+  std::vector<uint64_t> instances() const;
+  // Forms the group when it never formed or a rank restarted since.
+  void regroup_if_needed(const StepPlan& plan);
+
   std::vector<TensorParallelRank> ranks_;
+  std::function<void()> form_group_;
   WorkerInfo info_;
+  bool formed_ = false;
+  std::vector<uint64_t> formed_instances_;  // each rank's process when the group last formed
+  int groups_formed_ = 0;
 };
 
 }  // namespace lazykv

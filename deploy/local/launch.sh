@@ -91,7 +91,7 @@ fi
 
 rank_threads=$threads
 [ "$threads" -gt 0 ] && [ "$world" -gt 1 ] && rank_threads=$(( threads / world > 0 ? threads / world : 1 ))
-[ "$world" -gt 1 ] && worker_flags+=(--world "$world" --tp-rendezvous "$logs/rendezvous")
+[ "$world" -gt 1 ] && worker_flags+=(--world "$world")  # the coordinator forms the group
 for ((rank = 0; rank < world; rank++)); do
   port=$worker_port
   [ "$worker_port" != 0 ] && port=$((worker_port + rank))

@@ -16,6 +16,15 @@ check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; f
 # HTTP status of a curl request; the body goes to $work/body.
 status_of() { curl -s --max-time 120 -o "$work/body" -w '%{http_code}' "$@"; }
 # A Python expression over the JSON on stdin (as d).
+# ready_becomes URL CODE [TENTHS]: GET URL/ready until it answers CODE (default: up to 30 s).
+ready_becomes() {
+  local i
+  for ((i = 0; i < ${3:-300}; i++)); do
+    [ "$(status_of "$1/ready")" = "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 json_get() { /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1], {'d': d}))" "$1"; }
 
 # Waits for a line matching $2 in log $1 while process $3 lives; prints the match.

@@ -105,8 +105,17 @@ check "coordinator exits 0 on SIGTERM" test $? = 0
 kill -TERM "$worker_pid"
 wait "$worker_pid"
 check "worker exits 0 on SIGTERM" test $? = 0
-check "a worker with --world 2 but no rendezvous is refused with a clear error" \
-  sh -c "'$bin' worker --model '$LAZYKV_DEFAULT_MODEL' --world 2 2>&1 | grep -q 'needs --tp-rendezvous'"
+check "a worker with --rank outside --world is refused with a clear error" \
+  sh -c "'$bin' worker --model '$LAZYKV_DEFAULT_MODEL' --world 2 --rank 2 2>&1 | grep -q 'rank must be in'"
+# One rank of a group of two as a coordinator's only --worker: refused at start.
+"$bin" worker --model "$LAZYKV_DEFAULT_MODEL" --listen 127.0.0.1:0 --threads 1 --rank 0 --world 2 >"$work/rank.log" 2>&1 &
+rank_pid=$!
+pids+=("$rank_pid")
+line=$(wait_for_line "$work/rank.log" 'listening on [0-9.]*:[0-9]*' "$rank_pid")
+"$bin" coordinator --model "$LAZYKV_DEFAULT_MODEL" --worker "127.0.0.1:${line##*:}" --port 0 >"$work/lone.log" 2>&1
+check "a coordinator given one rank of a group of two exits non-zero" test $? -ne 0
+check "  naming the rank and what to do" grep -q 'is rank 0 of 2: give the coordinator one --worker per rank' "$work/lone.log"
+kill -TERM "$rank_pid"; wait "$rank_pid" 2>/dev/null
 
 if [ "$failures" -gt 0 ]; then
   echo "--- coordinator log" >&2; cat "$coord_log" >&2

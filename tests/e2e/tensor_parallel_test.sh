@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # End to end: a tensor-parallel group of two `lazykv worker` ranks (--world 2,
-# Gloo over loopback) behind one `lazykv coordinator` (--worker per rank),
-# both ranks demoting to one `lazykv kvstore`. A greedy completion must match
-# `lazykv serve` on the same model word for word; a lazy+tiers request moves
-# blocks through the kvstore; the kvstore is killed in the middle of a
-# request, which still completes (the ranks go on without tiers); then one
-# rank is killed and new requests must fail fast with an error naming that
-# worker (not hang).
+# Gloo over loopback) behind one `lazykv coordinator` (--worker per rank), which
+# arranges the ranks' rendezvous; both ranks demote to one `lazykv kvstore`. A
+# greedy completion must match `lazykv serve` on the same model word for word;
+# a lazy+tiers request moves blocks through the kvstore; the kvstore is killed
+# in the middle of a request, which still completes (the ranks go on without
+# tiers); then one rank is killed and new requests must fail fast with an
+# error naming that worker (not hang); restarted, the rank is taken back into
+# a new group and the greedy text is the same again.
 #   usage: tensor_parallel_test.sh LAZYKV_BINARY
 # Needs LAZYKV_DEFAULT_MODEL (set by scripts/test.sh); exits 77 (skipped) without it.
 set -uo pipefail
@@ -46,17 +47,16 @@ kv_puts() { kv_metric 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}';
 pass "kvstore on port $kv_port"
 
 # The group: two ranks, each with one thread (2 threads in all, like serve).
-rendezvous=$work/rendezvous
 ports=()
 rank_pids=()
-for rank in 0 1; do
-  log=$work/rank$rank.log
-  "$bin" worker --model "$LAZYKV_DEFAULT_MODEL" --listen 127.0.0.1:0 --threads 1 --kv-cache-mib 256 \
-    --rank "$rank" --world 2 --tp-rendezvous "$rendezvous" --tp-timeout 10 \
-    --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp >"$log" 2>&1 &
-  rank_pids+=($!)
+# start_rank RANK LISTEN: a rank in the background, its pid in rank_pids[RANK].
+start_rank() {
+  "$bin" worker --model "$LAZYKV_DEFAULT_MODEL" --listen "$2" --threads 1 --kv-cache-mib 256 \
+    --rank "$1" --world 2 --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp >>"$work/rank$1.log" 2>&1 &
+  rank_pids[$1]=$!
   pids+=($!)
-done
+}
+for rank in 0 1; do start_rank "$rank" 127.0.0.1:0; done
 for rank in 0 1; do
   line=$(wait_for_line "$work/rank$rank.log" 'listening on [0-9.]*:[0-9]*' "${rank_pids[$rank]}")
   [ -n "$line" ] || { cat "$work/rank$rank.log" >&2; echo "FAILED: rank $rank did not start" >&2; exit 1; }
@@ -65,13 +65,14 @@ done
 pass "ranks 0 and 1 listening on ports ${ports[*]}"
 coord_log=$work/coordinator.log
 "$bin" coordinator --model "$LAZYKV_DEFAULT_MODEL" --worker "127.0.0.1:${ports[0]}" --worker "127.0.0.1:${ports[1]}" \
-  --port 0 --heartbeat-interval-ms 300 --heartbeat-misses 2 >"$coord_log" 2>&1 &
+  --port 0 --heartbeat-interval-ms 300 --heartbeat-misses 2 --tp-timeout 10 >"$coord_log" 2>&1 &
 coord_pid=$!
 pids+=("$coord_pid")
 url=$(wait_for_line "$coord_log" 'listening on http://[0-9.:]*' "$coord_pid")
 url=${url#listening on }
 [ -n "$url" ] || { cat "$coord_log" >&2; echo "FAILED: the coordinator did not start" >&2; exit 1; }
 pass "coordinator at $url"
+check "the coordinator formed the ranks' group" grep -q 'the tensor-parallel group formed' "$coord_log"
 check "GET /ready -> 200 with both ranks up" test "$(status_of "$url/ready")" = 200
 completion "$url" >/dev/null  # warm-up
 read -r tp_tokens tp_seconds < <(completion "$url")
@@ -132,17 +133,22 @@ message=$(json_get 'd["error"]["message"]' <"$work/body" 2>/dev/null)
 check "a request after the kill fails with 503/500 ($code: $(head -c 300 <<<"$message"))" test "$code" = 503 -o "$code" = 500
 check "the error names the killed worker" grep -q "127.0.0.1:${ports[1]}" <<<"$message"
 check "the failure came within 15 s" elapsed_below "$asked_at" "$answered_at" 15
-down=""
-for _ in $(seq 1 100); do
-  [ "$(status_of "$url/ready")" = 503 ] && { down=1; break; }
-  sleep 0.1
-done
-check "GET /ready -> 503 with a rank down" test -n "$down"
+check "GET /ready -> 503 with a rank down" ready_becomes "$url" 503 100
 asked_at=$(now)
 code=$(status_of "$url/v1/completions" -H 'Content-Type: application/json' -d "$body")
 answered_at=$(now)
 check "a later request fails at once ($code)" test "$code" = 503 -o "$code" = 500
 check "  within 5 s" elapsed_below "$asked_at" "$answered_at" 5
+
+# Rank 1 restarted on its port: the coordinator forms the group again and the
+# same greedy text comes back. The kvstore is still dead: no tiers.
+start_rank 1 "127.0.0.1:${ports[1]}"
+check "GET /ready -> 200 once rank 1 is back" ready_becomes "$url" 200
+completion "$url" >/dev/null
+check "after the restart: the same greedy text as serve" cmp -s "$work/text" "$work/serve_text"
+check "the coordinator formed the group again" \
+  sh -c "test \$(grep -c 'the tensor-parallel group formed' '$coord_log') -ge 2"
+check "rank 0 joined a second group" grep -q 'joined group 2' "$work/rank0.log"
 
 kill -TERM "$coord_pid"
 wait "$coord_pid"

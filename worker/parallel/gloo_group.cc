@@ -4,11 +4,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
-
-#include <filesystem>
 
 #include "common/error.h"
 
@@ -24,24 +20,17 @@ std::string describe(int rank, int world) {
 
 }  // namespace
 
-GlooGroup::GlooGroup(const GlooGroupOptions& options)
+GlooGroup::GlooGroup(const GlooGroupOptions& options, gloo::rendezvous::Store& store)
     : rank_(options.rank), world_(options.world), timeout_(options.timeout) {
   if (world_ < 1 || rank_ < 0 || rank_ >= world_) {
     throw Error(ErrorCode::kInvalidArgument, "tensor-parallel group: rank " + std::to_string(rank_) +
                                                  " is outside a world of " + std::to_string(world_));
   }
-  if (options.rendezvous_dir.empty()) {
-    throw Error(ErrorCode::kInvalidArgument, "tensor-parallel group: a rendezvous directory is required");
-  }
   if (timeout_.count() <= 0) throw Error(ErrorCode::kInvalidArgument, "tensor-parallel group: timeout must be > 0");
   try {
-    std::filesystem::create_directories(options.rendezvous_dir);
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore files(options.rendezvous_dir);
-    // Keys of this group size apart from any other group sharing the directory.
-    gloo::rendezvous::PrefixStore store("lazykv_tp_world" + std::to_string(world_), files);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
     context->setTimeout(timeout_);
     context->connectFullMesh(store, device);
@@ -49,8 +38,7 @@ GlooGroup::GlooGroup(const GlooGroupOptions& options)
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(ErrorCode::kUnavailable, describe(rank_, world_) + ": rendezvous in " + options.rendezvous_dir +
-                                             " failed: " + e.what());
+    throw Error(ErrorCode::kUnavailable, describe(rank_, world_) + ": rendezvous failed: " + e.what());
   }
 }
 

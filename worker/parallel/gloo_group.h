@@ -1,8 +1,8 @@
 // A tensor-parallel group over Gloo's TCP transport (CPU all-reduce).
-// Ranks find each other through a rendezvous directory that every rank can
-// read and write (a local directory for ranks on one machine, a shared mount
-// across machines): each rank publishes its listening address there, then the
-// ranks connect as a full mesh.
+// Ranks find each other through a Gloo rendezvous store: each rank publishes
+// its listening addresses there, then the ranks connect as a full mesh. In a
+// deployment the store is the coordinator's relay (worker/service/relay_store.h,
+// the JoinGroup call); in-process tests use Gloo's own HashStore.
 #pragma once
 
 #include <chrono>
@@ -13,17 +13,16 @@
 
 namespace gloo {
 class Context;
+namespace rendezvous {
+class Store;
 }
+}  // namespace gloo
 
 namespace lazykv {
 
 struct GlooGroupOptions {
   int rank = 0;
   int world = 1;
-  // Rendezvous directory; created if missing. Use a fresh (empty) one for
-  // each start of the group: addresses left by an earlier run would be read
-  // as the peers'.
-  std::string rendezvous_dir;
   // Address this rank listens on for its peers (a hostname or IP that the
   // other ranks can reach).
   std::string hostname = "127.0.0.1";
@@ -35,8 +34,10 @@ struct GlooGroupOptions {
 class GlooGroup final : public TensorParallelGroup {
  public:
   // Blocks until every rank has joined (or throws Error(kUnavailable) after
-  // options.timeout).
-  explicit GlooGroup(const GlooGroupOptions& options);
+  // options.timeout). `store` is fresh for each forming of the group (keys
+  // left by an earlier one would be read as the peers') and is used only
+  // during construction.
+  GlooGroup(const GlooGroupOptions& options, gloo::rendezvous::Store& store);
   ~GlooGroup() override;
 
   int rank() const override { return rank_; }

@@ -76,6 +76,8 @@ void to_proto(const WorkerInfo& in, pb::WorkerInfo* out) {
   out->set_n_layer(in.n_layer);
   out->set_n_head_kv(in.n_head_kv);
   out->set_n_group(in.n_group);
+  out->set_rank(in.rank);
+  out->set_world(in.world);
 }
 
 PolicyConfig from_proto(const pb::PolicyConfig& in) {
@@ -155,6 +157,8 @@ WorkerInfo from_proto(const pb::WorkerInfo& in) {
   out.n_layer = in.n_layer();
   out.n_head_kv = in.n_head_kv();
   out.n_group = in.n_group();
+  out.rank = in.rank();
+  out.world = std::max(in.world(), 1);  // absent (an older worker): no group
   return out;
 }
 

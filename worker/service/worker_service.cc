@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 
 #include "common/error.h"
+#include "worker/service/relay_store.h"
 #include "worker/service/step_codec.h"
 
 namespace lazykv {
@@ -20,9 +22,10 @@ uint64_t random_instance_id() {
 
 }  // namespace
 
-WorkerService::WorkerService(StepExecutor& executor, std::function<int64_t()> sequences)
+WorkerService::WorkerService(StepExecutor& executor, std::function<int64_t()> sequences, JoinGroupFn join)
     : executor_(executor),
       sequences_fn_(std::move(sequences)),
+      join_(std::move(join)),
       info_(executor.info()),
       instance_id_(random_instance_id()),
       started_(std::chrono::steady_clock::now()) {}
@@ -33,9 +36,22 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ::lazykv::worker::v
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Step(grpc::ServerContext*, const ::lazykv::worker::v1::StepPlan* request,
-                                 ::lazykv::worker::v1::StepResult* response) {
-  StepPlan plan = rpc::from_proto(*request);
+grpc::Status WorkerService::Steps(
+    grpc::ServerContext*,
+    grpc::ServerReaderWriter<::lazykv::worker::v1::StepResult, ::lazykv::worker::v1::StepPlan>* stream) {
+  ::lazykv::worker::v1::StepPlan request;
+  while (stream->Read(&request)) {
+    ::lazykv::worker::v1::StepResult response;
+    const grpc::Status status = run_step(request, &response);
+    if (!status.ok()) return status;
+    if (!stream->Write(response)) break;  // the coordinator went away
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::run_step(const ::lazykv::worker::v1::StepPlan& request,
+                                     ::lazykv::worker::v1::StepResult* response) {
+  StepPlan plan = rpc::from_proto(request);
   // Sequences whose policy does not validate never reach the executor; they
   // are reported first (the scheduler keeps the first reason per sequence).
   std::vector<std::pair<SeqId, std::string>> rejected;
@@ -59,8 +75,10 @@ grpc::Status WorkerService::Step(grpc::ServerContext*, const ::lazykv::worker::v
     result = executor_.step(plan);
     if (sequences_fn_) sequences_ = sequences_fn_();
   } catch (const Error& e) {
-    // The executor itself is broken; the coordinator ends the running sequences.
-    return grpc::Status(grpc::StatusCode::INTERNAL, std::string("step failed: ") + e.what());
+    // The executor itself is broken (or a rank has no group yet); the
+    // coordinator ends the running sequences.
+    const auto code = e.code() == ErrorCode::kUnavailable ? grpc::StatusCode::UNAVAILABLE : grpc::StatusCode::INTERNAL;
+    return grpc::Status(code, std::string("step failed: ") + e.what());
   } catch (const std::exception& e) {
     return grpc::Status(grpc::StatusCode::INTERNAL, std::string("step failed (internal error): ") + e.what());
   }
@@ -77,6 +95,73 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext*, const ::lazykv::work
   response->set_steps(steps_.load());
   response->set_sequences(sequences_.load());
   return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::JoinGroup(
+    grpc::ServerContext*,
+    grpc::ServerReaderWriter<::lazykv::worker::v1::GroupMessage, ::lazykv::worker::v1::GroupMessage>* stream) {
+  namespace pb = ::lazykv::worker::v1;
+  pb::GroupMessage first;
+  if (!stream->Read(&first) || !first.has_join()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "JoinGroup starts with a GroupJoin message");
+  }
+  const pb::GroupJoin& join = first.join();
+  const std::string self =
+      "rank " + std::to_string(info_.rank) + " of " + std::to_string(info_.world) + " (lazykv worker --rank --world)";
+  if (!join_ || info_.world <= 1) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this worker is not a tensor-parallel rank (started with --world 1)");
+  }
+  if (join.rank() != info_.rank || join.world() != info_.world) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "the coordinator expects rank " + std::to_string(join.rank()) + " of " +
+                            std::to_string(join.world()) + " here, but this worker is " + self +
+                            ": give the coordinator one --worker per rank, in rank order");
+  }
+  if (join.timeout_ms() == 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "GroupJoin timeout_ms is 0");
+  const std::chrono::milliseconds timeout(join.timeout_ms());
+
+  std::mutex write_mutex;  // the rendezvous thread and this one both write
+  auto write = [&](const pb::GroupMessage& m) {
+    std::lock_guard lock(write_mutex);
+    return stream->Write(m);
+  };
+  RelayStore store(
+      [&](const std::string& key, const std::vector<char>& value) {
+        pb::GroupMessage m;
+        m.mutable_entry()->set_key(key);
+        m.mutable_entry()->set_value(value.data(), value.size());
+        if (!write(m)) throw Error(ErrorCode::kUnavailable, "the coordinator's JoinGroup stream broke");
+      },
+      timeout);
+  // Entries relayed from the peers; the coordinator ends its side once every
+  // rank has joined (or failed), which ends this reader.
+  std::thread reader([&] {
+    pb::GroupMessage m;
+    while (stream->Read(&m)) {
+      if (m.has_entry()) store.deliver(m.entry().key(), std::vector<char>(m.entry().value().begin(), m.entry().value().end()));
+    }
+    store.close("the coordinator ended the rendezvous");
+  });
+  grpc::Status status = grpc::Status::OK;
+  try {
+    std::lock_guard lock(step_mutex_);
+    join_(timeout, store);
+    if (sequences_fn_) sequences_ = sequences_fn_();
+  } catch (const std::exception& e) {
+    status = grpc::Status(grpc::StatusCode::UNAVAILABLE, self + " could not join its group: " + e.what());
+  }
+  pb::GroupMessage outcome;
+  if (status.ok()) {
+    outcome.set_joined(true);
+  } else {
+    outcome.set_failed(status.error_message());
+  }
+  if (!write(outcome) && status.ok()) {
+    status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator's JoinGroup stream broke");
+  }
+  reader.join();
+  return status;
 }
 
 }  // namespace lazykv

@@ -59,7 +59,7 @@ Generation greedy_on_ranks(const Model& model, int world, const std::vector<int3
     SoloGroup solo;
     body(solo);
   } else {
-    run_ranks(world, "forward", body);
+    run_ranks(world, body);
   }
   // The residual stream is whole on every rank, so every rank's logits agree.
   for (int r = 1; r < world; ++r) EXPECT_EQ(per_rank[size_t(r)].tokens, per_rank[0].tokens) << "rank " << r;
@@ -197,7 +197,7 @@ std::vector<int32_t> worker_tokens(const Model& model, int world, const PolicyCo
     SoloGroup solo;
     body(solo);
   } else {
-    run_ranks(world, "worker", body);
+    run_ranks(world, body);
   }
   for (int r = 1; r < world; ++r) EXPECT_EQ(per_rank[size_t(r)], per_rank[0]) << "rank " << r;
   if (policy.name != "full") {

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <thread>
 
 #include "common/error.h"
 #include "parallel_test_util.h"
 #include "worker/parallel/group.h"
+#include "worker/parallel/group_membership.h"
 #include "worker/parallel/model_shard.h"
 
 namespace lazykv {
@@ -47,7 +49,7 @@ TEST_P(GlooGroupTest, AllReduceSumsAndEveryRankGetsTheSameBits) {
   const size_t n = 10007;  // not a multiple of the ring's segments
   std::mutex mutex;
   std::vector<std::vector<float>> results(static_cast<size_t>(world));
-  run_ranks(world, "allreduce", [&](TensorParallelGroup& group) {
+  run_ranks(world, [&](TensorParallelGroup& group) {
     ASSERT_EQ(group.world(), world);
     std::vector<float> data(n);
     for (size_t i = 0; i < n; ++i) data[i] = 0.1f * float(i % 97) + float(group.rank() + 1) / 3.0f;
@@ -68,7 +70,7 @@ TEST_P(GlooGroupTest, BroadcastSendsTheRootsBytesWhateverTheirSize) {
   const int world = GetParam();
   std::mutex mutex;
   std::vector<std::vector<uint8_t>> got(static_cast<size_t>(world));
-  run_ranks(world, "broadcast", [&](TensorParallelGroup& group) {
+  run_ranks(world, [&](TensorParallelGroup& group) {
     const int root = world - 1;
     std::vector<uint8_t> bytes;
     if (group.rank() == root) {
@@ -94,9 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GlooGroupTest, ::testing::Values(2, 3));
 TEST(GlooGroup, APeerThatLeavesBecomesAnErrorNotAHang) {
   std::atomic<bool> rank0_failed{false};
   std::string message;
-  run_ranks(
-      2, "dead_peer",
-      [&](TensorParallelGroup& group) {
+  run_ranks(2, [&](TensorParallelGroup& group) {
         float x = 1;
         group.all_reduce_sum(&x, 1);  // both alive
         if (group.rank() == 1) return;  // leaves: its group (and sockets) close
@@ -119,9 +119,7 @@ TEST(GlooGroup, APeerThatLeavesBecomesAnErrorNotAHang) {
 TEST(GlooGroup, ASilentPeerTimesOut) {
   std::atomic<bool> failed{false};
   std::atomic<bool> done{false};
-  run_ranks(
-      2, "silent_peer",
-      [&](TensorParallelGroup& group) {
+  run_ranks(2, [&](TensorParallelGroup& group) {
         if (group.rank() == 1) {
           // Alive but never joins the collective until rank 0 gave up.
           while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -140,14 +138,71 @@ TEST(GlooGroup, ASilentPeerTimesOut) {
 }
 
 TEST(GlooGroup, RejectsBadOptions) {
+  gloo::rendezvous::HashStore store;
   GlooGroupOptions options;
   options.rank = 2;
   options.world = 2;
-  options.rendezvous_dir = "/tmp";
-  EXPECT_THROW(GlooGroup{options}, Error);
+  EXPECT_THROW(GlooGroup(options, store), Error);
   options.rank = 0;
-  options.rendezvous_dir = "";
-  EXPECT_THROW(GlooGroup{options}, Error);
+  options.timeout = std::chrono::milliseconds(0);
+  EXPECT_THROW(GlooGroup(options, store), Error);
+}
+
+// A rank whose peer never shows up fails its rendezvous within the timeout.
+TEST(GlooGroup, ARendezvousWithoutThePeerTimesOut) {
+  gloo::rendezvous::HashStore store;
+  GlooGroupOptions options;
+  options.rank = 0;
+  options.world = 2;
+  options.timeout = std::chrono::milliseconds(300);
+  try {
+    GlooGroup group(options, store);
+    FAIL() << "a group of two formed with one rank";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("rendezvous failed"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GroupMembership, RefusesCollectivesUntilJoinedAndTakesANewGroup) {
+  GroupMembership member(0, 2);
+  float x = 1;
+  try {
+    member.all_reduce_sum(&x, 1);
+    FAIL() << "a collective ran before the group formed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("not in a group yet"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(member.join(std::make_unique<SoloGroup>()), Error) << "a world-1 communicator for a world of 2";
+  EXPECT_THROW(GroupMembership(2, 2), Error);
+  // Formed twice over Gloo: the second group replaces the first, and each
+  // time the sums are right.
+  GroupMembership other(1, 2);
+  for (int round = 1; round <= 2; ++round) {
+    gloo::rendezvous::HashStore store;
+    std::thread peer([&] {
+      GlooGroupOptions options;
+      options.rank = 1;
+      options.world = 2;
+      other.join(std::make_unique<GlooGroup>(options, store));
+    });
+    GlooGroupOptions options;
+    options.rank = 0;
+    options.world = 2;
+    member.join(std::make_unique<GlooGroup>(options, store));
+    peer.join();
+    float a = 1, b = 2;
+    std::thread peer_sum([&] { other.all_reduce_sum(&b, 1); });
+    member.all_reduce_sum(&a, 1);
+    peer_sum.join();
+    EXPECT_EQ(a, 3.0f);
+    EXPECT_EQ(b, 3.0f);
+    EXPECT_EQ(member.joins(), round);
+  }
+  member.leave();
+  EXPECT_FALSE(member.joined());
+  EXPECT_THROW(member.all_reduce_sum(&x, 1), Error);
 }
 
 }  // namespace

@@ -41,9 +41,14 @@ std::unique_ptr<FakeRank> rank_with(int32_t token, int n_head_kv = 1, size_t cap
   return r;
 }
 
+// Ranks 0..N-1 of a group of N, in order.
 std::vector<TensorParallelRank> group_of(std::vector<std::unique_ptr<FakeRank>> fakes) {
   std::vector<TensorParallelRank> ranks;
-  for (size_t i = 0; i < fakes.size(); ++i) ranks.push_back({std::move(fakes[i]), "worker w" + std::to_string(i), {}});
+  for (size_t i = 0; i < fakes.size(); ++i) {
+    fakes[i]->info_.rank = int(i);
+    fakes[i]->info_.world = int(fakes.size());
+    ranks.push_back({std::move(fakes[i]), "worker w" + std::to_string(i), {}, {}});
+  }
   return ranks;
 }
 
@@ -88,7 +93,9 @@ TEST(TensorParallelWorker, ADownRankStopsTheStepBeforeAnyRankStarts) {
   for (int i = 0; i < 2; ++i) {
     auto fake = rank_with(5);
     fake->steps = &steps;
-    ranks.push_back({std::move(fake), "worker w" + std::to_string(i), [i] { return i == 0; }});
+    fake->info_.rank = i;
+    fake->info_.world = 2;
+    ranks.push_back({std::move(fake), "worker w" + std::to_string(i), [i] { return i == 0; }, {}});
   }
   TensorParallelWorker group(std::move(ranks));
   EXPECT_THROW(group.step(StepPlan{}), Error);
@@ -108,6 +115,74 @@ TEST(TensorParallelWorker, ReportsTheTightestRanksCacheAndRefusesMismatchedModel
   mismatched.push_back(rank_with(5));
   mismatched[1]->info_.n_vocab = 99;
   EXPECT_THROW(TensorParallelWorker{group_of(std::move(mismatched))}, Error);
+}
+
+TEST(TensorParallelWorker, RefusesRanksOutOfOrderOrFromAnotherWorld) {
+  std::vector<std::unique_ptr<FakeRank>> fakes;
+  fakes.push_back(rank_with(5));
+  fakes.push_back(rank_with(5));
+  std::vector<TensorParallelRank> swapped = group_of(std::move(fakes));
+  std::swap(swapped[0], swapped[1]);
+  try {
+    TensorParallelWorker group(std::move(swapped));
+    FAIL() << "ranks out of order were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("is rank 1 of 2, but it is --worker number 0"), std::string::npos)
+        << e.what();
+  }
+  std::vector<std::unique_ptr<FakeRank>> solo;
+  solo.push_back(rank_with(5));
+  solo.push_back(rank_with(5));
+  std::vector<TensorParallelRank> ranks = group_of(std::move(solo));
+  static_cast<FakeRank*>(ranks[1].executor.get())->info_.world = 3;
+  EXPECT_THROW(TensorParallelWorker{std::move(ranks)}, Error);
+}
+
+// The group forms at construction and again, before the next step, after a
+// rank's process changed; a step that continues a sequence from before then
+// fails (its KV is gone on every rank), one that only starts sequences runs.
+TEST(TensorParallelWorker, FormsTheGroupAgainAfterARankRestarted) {
+  std::vector<std::unique_ptr<FakeRank>> fakes;
+  fakes.push_back(rank_with(5));
+  fakes.push_back(rank_with(5));
+  std::vector<TensorParallelRank> ranks = group_of(std::move(fakes));
+  std::atomic<uint64_t> instance1{11};
+  ranks[0].instance = [] { return uint64_t(10); };
+  ranks[1].instance = [&] { return instance1.load(); };
+  int formed = 0;
+  bool fail_forming = false;
+  TensorParallelWorker group(std::move(ranks), [&] {
+    if (fail_forming) throw Error(ErrorCode::kUnavailable, "rank 1 did not join in time");
+    ++formed;
+  });
+  EXPECT_EQ(formed, 1);
+  StepPlan decode;
+  decode.items = {{1, 0}};
+  group.step(decode);
+  EXPECT_EQ(formed, 1) << "formed again with no restart";
+
+  instance1 = 12;  // rank 1 restarted
+  fail_forming = true;
+  EXPECT_THROW(group.step(decode), Error);
+  fail_forming = false;
+  try {
+    group.step(decode);
+    FAIL() << "a step continuing a lost sequence ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("formed again after worker w1 restarted"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(formed, 2);
+  EXPECT_EQ(group.groups_formed(), 2);
+  StepPlan fresh;
+  SequenceStart start;
+  start.seq = 2;
+  start.prompt = {1, 2, 3};
+  fresh.start = {start};
+  fresh.items = {{2, 3}};
+  EXPECT_NO_THROW(group.step(fresh));
+  EXPECT_EQ(formed, 2);
 }
 
 }  // namespace

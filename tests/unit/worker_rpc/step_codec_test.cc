@@ -133,6 +133,8 @@ TEST(StepCodec, WorkerInfoRoundTrip) {
   info.n_layer = 30;
   info.n_head_kv = 3;
   info.n_group = 3;
+  info.rank = 1;
+  info.world = 2;
   const WorkerInfo back = round_trip<rpc::pb::WorkerInfo>(info);
   EXPECT_EQ(back.n_ctx, info.n_ctx);
   EXPECT_EQ(back.n_vocab, info.n_vocab);
@@ -143,6 +145,10 @@ TEST(StepCodec, WorkerInfoRoundTrip) {
   EXPECT_EQ(back.n_layer, info.n_layer);
   EXPECT_EQ(back.n_head_kv, info.n_head_kv);
   EXPECT_EQ(back.n_group, info.n_group);
+  EXPECT_EQ(back.rank, 1);
+  EXPECT_EQ(back.world, 2);
+  // A message without the fields (an older worker) is a group of one.
+  EXPECT_EQ(rpc::from_proto(rpc::pb::WorkerInfo()).world, 1);
 }
 
 TEST(StepCodec, ValidatePolicyAcceptsWhatMakePolicyConfigMadeAndRejectsTheRest) {
