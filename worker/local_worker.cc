@@ -8,7 +8,19 @@
 
 namespace lazykv {
 
-LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options) : LocalWorker(model, options, solo_) {}
+namespace {
+
+// The group of a worker that is not a rank: stateless, so one serves all.
+// (A member would be used by the delegated constructor before it exists.)
+TensorParallelGroup& solo_group() {
+  static SoloGroup solo;
+  return solo;
+}
+
+}  // namespace
+
+LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options)
+    : LocalWorker(model, options, solo_group()) {}
 
 LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, TensorParallelGroup& group)
     : model_(model),

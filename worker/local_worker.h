@@ -58,7 +58,6 @@ class LocalWorker final : public StepExecutor {
   const Model& model_;
   LocalWorkerOptions options_;
   ThreadPool pool_;
-  SoloGroup solo_;
   TensorParallelGroup& group_;
   ModelShard shard_;
   KvCache cache_;
