@@ -109,11 +109,18 @@ StepResult TensorParallelWorker::step(const StepPlan& plan) {
       note(r, e);
     }
   }
-  if (!errors.empty()) throw Error(ErrorCode::kUnavailable, "tensor-parallel step failed: " + errors);
+  // A failed step may have left a rank's communicator broken (a collective
+  // timed out, a peer closed its connection): the group forms again before
+  // the next step, so the ranks recover without a restart.
+  if (!errors.empty()) {
+    formed_ = false;
+    throw Error(ErrorCode::kUnavailable, "tensor-parallel step failed: " + errors);
+  }
   const StepResult& lead = results[0];
   for (size_t r = 1; r < ranks_.size(); ++r) {
     if (results[r].out_of_memory != lead.out_of_memory || failed_ids(results[r]) != failed_ids(lead) ||
         results[r].tokens.size() != lead.tokens.size()) {
+      formed_ = false;
       throw Error(ErrorCode::kUnavailable, "tensor-parallel step failed: " + ranks_[r].name + " (rank " +
                                                std::to_string(r) + ") disagrees with " + ranks_[0].name +
                                                " (rank 0) on the step's outcome");

@@ -6,7 +6,8 @@
 // or whether the cache was full, fail the whole step like a dead worker.
 // With `form_group` the coordinator arranges the ranks' rendezvous: the group
 // forms at construction, and again before the next step after a rank
-// restarted (its instance id changed), so a restarted rank is taken back.
+// restarted (its instance id changed) or a step failed, so a restarted rank is
+// taken back and a communicator broken by a timeout is replaced.
 #pragma once
 
 #include <functional>

@@ -185,5 +185,25 @@ TEST(TensorParallelWorker, FormsTheGroupAgainAfterARankRestarted) {
   EXPECT_EQ(formed, 2);
 }
 
+// A failed step (a collective timed out on some rank) may leave the ranks'
+// communicators broken: the group forms again before the next step.
+TEST(TensorParallelWorker, FormsTheGroupAgainAfterAFailedStep) {
+  std::vector<std::unique_ptr<FakeRank>> fakes;
+  fakes.push_back(rank_with(5));
+  fakes.push_back(rank_with(5));
+  FakeRank* rank1 = fakes[1].get();
+  int formed = 0;
+  TensorParallelWorker group(group_of(std::move(fakes)), [&] { ++formed; });
+  EXPECT_EQ(formed, 1);
+  rank1->fail = true;
+  EXPECT_THROW(group.step(StepPlan{}), Error);
+  EXPECT_EQ(formed, 1);
+  rank1->fail = false;
+  EXPECT_NO_THROW(group.step(StepPlan{}));
+  EXPECT_EQ(formed, 2);
+  EXPECT_NO_THROW(group.step(StepPlan{}));
+  EXPECT_EQ(formed, 2);
+}
+
 }  // namespace
 }  // namespace lazykv
