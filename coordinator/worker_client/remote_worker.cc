@@ -153,6 +153,13 @@ StepResult RemoteWorker::step(const StepPlan& plan) {
     if (std::find(plan.release.begin(), plan.release.end(), seq) == plan.release.end()) request.add_release(seq);
   }
   auto open_stream = [&] {
+    {
+      // The heartbeat thread may cancel in_flight_: never leave it pointing
+      // at a context about to be freed.
+      std::lock_guard lock(mutex_);
+      in_flight_ = nullptr;
+    }
+    stub_->steps.reset();
     stub_->steps_context = std::make_unique<grpc::ClientContext>();
     stub_->steps = stub_->stub->Steps(stub_->steps_context.get());
     std::lock_guard lock(mutex_);
@@ -168,7 +175,12 @@ StepResult RemoteWorker::step(const StepPlan& plan) {
   }
   wake_.notify_all();  // the heartbeat thread watches the deadline
   bool written = stub_->steps->Write(request);
-  if (!written && reused) {
+  bool retry = false;
+  {
+    std::lock_guard lock(mutex_);
+    retry = !written && reused && !step_timed_out_ && alive_;
+  }
+  if (retry) {
     // The stream broke while idle (the worker restarted, a connection
     // dropped): this plan never reached the worker, so it goes once more on a
     // new stream.
@@ -190,6 +202,10 @@ StepResult RemoteWorker::step(const StepPlan& plan) {
   if (ok) return rpc::from_proto(reply);
   // The stream is over: its status says why; the next step opens a new one.
   const grpc::Status status = stub_->steps->Finish();
+  {
+    std::lock_guard lock(mutex_);
+    in_flight_ = nullptr;
+  }
   stub_->steps.reset();
   stub_->steps_context.reset();
   if (release_only) return defer();

@@ -6,6 +6,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "common/error.h"
@@ -13,7 +14,7 @@
 namespace lazykv {
 namespace {
 
-constexpr size_t kPlainRingMaxFloats = size_t(1) << 15;
+constexpr size_t kSliceFloats = size_t(1) << 15;
 
 std::string describe(int rank, int world) {
   return "tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world);
@@ -69,19 +70,22 @@ void GlooGroup::all_reduce_sum(float* data, size_t n) {
   try {
     // Every rank must end with the same bits. With two ranks the plain ring
     // gives that (each adds the other's value to its own, and IEEE addition
-    // commutes) in one exchange, the fastest for small sums (a decode step's
-    // hidden states); for large ones, or more ranks, each chunk is summed
-    // along the ring by one rank and the result passed on, pipelined. The
-    // algorithm objects register their buffers per call (cheap next to the
-    // transfer) and work in place. Crossover measured with
-    // bench/step_protocol_bench.cc.
-    std::vector<float*> buffers{data};
-    if (world_ == 2 && n <= kPlainRingMaxFloats) {
-      gloo::AllreduceRing<float> ring(context_, buffers, int(n));
-      ring.run();
-    } else {
-      gloo::AllreduceRingChunked<float> ring(context_, buffers, int(n));
-      ring.run();
+    // commutes) in one exchange; with more, each chunk is summed along the
+    // ring by one rank and the result passed on. Synchronous pairs write
+    // before they read, so a slice must fit the sockets' buffers or every
+    // rank blocks in its send: sums go in slices of kSliceFloats (128 KiB),
+    // the same on every rank. The algorithm objects register their buffers
+    // per call (cheap next to the transfer) and work in place.
+    for (size_t first = 0; first < n; first += kSliceFloats) {
+      const int count = int(std::min(kSliceFloats, n - first));
+      std::vector<float*> buffers{data + first};
+      if (world_ == 2) {
+        gloo::AllreduceRing<float> ring(context_, buffers, count);
+        ring.run();
+      } else {
+        gloo::AllreduceRingChunked<float> ring(context_, buffers, count);
+        ring.run();
+      }
     }
   } catch (const std::exception& e) {
     fail("all-reduce", e);

@@ -66,6 +66,31 @@ TEST_P(GlooGroupTest, AllReduceSumsAndEveryRankGetsTheSameBits) {
   for (int r = 1; r < world; ++r) EXPECT_EQ(results[size_t(r)], results[0]) << "rank " << r;
 }
 
+// Larger than any socket buffer (8 Mi floats, 32 MiB): synchronous pairs
+// write before they read, so an unsliced sum would block every rank in its
+// send until the timeout.
+TEST_P(GlooGroupTest, ASumLargerThanTheSocketBuffersCompletes) {
+  const int world = GetParam();
+  const size_t n = size_t(8) << 20;
+  std::mutex mutex;
+  std::vector<float> first_values(static_cast<size_t>(world)), last_values(static_cast<size_t>(world));
+  run_ranks(
+      world,
+      [&](TensorParallelGroup& group) {
+        std::vector<float> data(n, float(group.rank() + 1));
+        group.all_reduce_sum(data.data(), n);
+        std::lock_guard<std::mutex> lock(mutex);
+        first_values[size_t(group.rank())] = data.front();
+        last_values[size_t(group.rank())] = data.back();
+      },
+      std::chrono::milliseconds(20000));
+  const float sum = float(world * (world + 1) / 2);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(first_values[size_t(r)], sum) << "rank " << r;
+    EXPECT_EQ(last_values[size_t(r)], sum) << "rank " << r;
+  }
+}
+
 TEST_P(GlooGroupTest, BroadcastSendsTheRootsBytesWhateverTheirSize) {
   const int world = GetParam();
   std::mutex mutex;

@@ -76,6 +76,7 @@ NcclGroup::NcclGroup(const NcclGroupOptions& options, gloo::rendezvous::Store& s
 }
 
 NcclGroup::~NcclGroup() {
+  cudaSetDevice(device_);
   if (comm_ != nullptr) {
     // A broken communicator was aborted already; a working one is torn down
     // without waiting on peers that may be gone.
@@ -87,6 +88,12 @@ NcclGroup::~NcclGroup() {
 
 void NcclGroup::check_usable() const {
   if (!broken_.empty()) throw Error(ErrorCode::kUnavailable, describe(rank_, world_) + " is unusable: " + broken_);
+  // The current device is per thread, and collectives may come from other
+  // threads than the one that built the group.
+  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    throw Error(ErrorCode::kUnavailable, describe(rank_, world_) + ": CUDA device " + std::to_string(device_) + ": " +
+                                             cuda_text(e));
+  }
 }
 
 void NcclGroup::fail(const char* what, const std::string& why) {
