@@ -114,8 +114,9 @@ int run_coordinator(const std::vector<std::string>& args) {
     const auto tp_timeout = millis_flag(flags, "tp-timeout", 1000);
     auto form = [group_ranks, tp_timeout] {
       std::fprintf(stderr, "lazykv coordinator: forming the tensor-parallel group of %zu ranks\n", group_ranks.size());
-      form_tensor_parallel_group(group_ranks, tp_timeout);
+      std::vector<uint64_t> instances = form_tensor_parallel_group(group_ranks, tp_timeout);
       std::fprintf(stderr, "lazykv coordinator: the tensor-parallel group formed\n");
+      return instances;
     };
     group = std::make_unique<TensorParallelWorker>(std::move(members), form);
     executor = group.get();

@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "cli/commands.h"
 #include "common/error.h"
 #include "common/flags.h"
 #include "eval/accuracy.h"
+#include "eval/accuracy_records.h"
 #include "eval/datasets.h"
 #include "eval/fidelity.h"
 #include "eval/plot.h"
@@ -137,7 +139,8 @@ int run_accuracy(const std::vector<std::string>& args) {
       .add("policies", "all", "policies to compare with full KV ('all': every evicting policy)")
       .add("budgets", "0.3,0.5,0.7", "KV budgets: < 1 a ratio of each problem's full-KV length, >= 1 slots")
       .add("max-tokens", "1024", "maximum tokens generated per problem")
-      .add("records", "", "also write one JSON line per (configuration, problem) to this file");
+      .add("records", "", "also write one JSON line per (configuration, problem) to this file, as each job ends")
+      .add_switch("resume", "go on from the --records file of an earlier run of the same settings: reuse its records");
   flags.parse(args);
   if (flags.help_requested()) {
     std::fputs(flags.usage().c_str(), stdout);
@@ -160,24 +163,38 @@ int run_accuracy(const std::vector<std::string>& args) {
   const int64_t end = limit == 0 ? int64_t(all.size()) : std::min<int64_t>(int64_t(all.size()), offset + limit);
   const std::vector<eval::Problem> problems(all.begin() + offset, all.begin() + end);
 
+  if (flags.get_bool("resume") && flags.get("records").empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "--resume needs the --records file of the run to go on from");
+  }
+
   LoadedModel m = load_model(flags.get("model"));
   std::vector<std::vector<int32_t>> prompts;
   for (const eval::Problem& p : problems) prompts.push_back(encode_prompt(m, eval::cot_message(p.question), true));
+  std::optional<eval::AccuracyRecordLog> records;
+  eval::AccuracyResume resume;
+  if (!flags.get("records").empty()) {
+    records.emplace(flags.get("records"),
+                    eval::accuracy_records_header(m.model->config().name, options.dataset, options.max_tokens,
+                                                  flags.get("activations")),
+                    flags.get_bool("resume"), problems);
+    resume.done = records->resumed();
+    resume.on_record = [&records](const eval::AccuracyRecord& r) { records->append(r); };
+    if (flags.get_bool("resume")) {
+      log_line("resuming from " + flags.get("records") + ": " + std::to_string(resume.done.size()) +
+               " records of these problems" + (records->dropped_torn_line() ? " (a torn last line dropped)" : ""));
+    }
+  }
   eval::BatchRunner runner = make_runner(m, flags);
-  const eval::AccuracyReport report = eval::run_accuracy(runner, problems, prompts, options, log_line);
+  const eval::AccuracyReport report = eval::run_accuracy(runner, problems, prompts, options, log_line, resume);
   for (const eval::AccuracyRow& row : report.rows) {
     std::printf("%-10s budget %-6g accuracy %.4f (%lld/%lld)  mean tokens %.1f  mean peak %.2f MiB\n",
                 row.policy.c_str(), row.budget_ratio, row.accuracy(), static_cast<long long>(row.correct),
                 static_cast<long long>(row.n), row.mean_generated_tokens, row.mean_peak_kv_bytes / (1 << 20));
   }
-  if (!flags.get("records").empty()) {
-    std::ofstream out(flags.get("records"));
-    if (!out) throw Error(ErrorCode::kInvalidArgument, "cannot write --records " + flags.get("records"));
-    for (const eval::AccuracyRecord& r : report.records) out << eval::accuracy_record_json(r, problems).dump() << "\n";
-  }
   nlohmann::json result =
       eval::accuracy_json(report, m.model->config().name, options, problems.size(), seconds_since(start));
   result["activations"] = flags.get("activations");
+  result["resumed_records"] = resume.done.size();
   return write_outputs(result, flags);
 }
 

@@ -1,6 +1,8 @@
 #include "eval/accuracy.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "common/error.h"
 #include "eval/policy_grid.h"
@@ -49,76 +51,97 @@ AccuracyRow summarize(const std::string& policy, double ratio, const std::vector
 
 AccuracyReport run_accuracy(BatchRunner& runner, const std::vector<Problem>& problems,
                             const std::vector<std::vector<int32_t>>& prompts, const AccuracyOptions& options,
-                            const std::function<void(const std::string&)>& log) {
+                            const std::function<void(const std::string&)>& log, const AccuracyResume& resume) {
   if (prompts.size() != problems.size()) throw Error(ErrorCode::kInternal, "accuracy: one prompt per problem expected");
   if (options.max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
   const Tokenizer& tokenizer = runner.tokenizer();
-  AccuracyReport report;
+  const size_t n = problems.size();
+
+  // Configuration 0 is full; then policies x budgets in the order given.
+  std::vector<std::pair<std::string, double>> configs = {{"full", 1.0}};
+  for (const std::string& name : options.policies) {
+    for (double budget : options.budgets) configs.emplace_back(name, budget);
+  }
+  using Key = std::tuple<size_t, std::string, double>;  // (problem, policy, budget ratio)
+  std::map<Key, AccuracyRecord> records;
+  for (const AccuracyRecord& r : resume.done) {
+    if (r.problem >= n) throw Error(ErrorCode::kInternal, "accuracy: a resumed record names a problem out of range");
+    records.emplace(Key{r.problem, r.policy, r.budget_ratio}, r);
+  }
+  const auto has = [&](size_t problem, size_t config) {
+    return records.contains(Key{problem, configs[config].first, configs[config].second});
+  };
+  const auto keep = [&](AccuracyRecord r) {
+    if (resume.on_record) resume.on_record(r);
+    Key key{r.problem, r.policy, r.budget_ratio};
+    records.insert_or_assign(std::move(key), std::move(r));
+  };
+  // Runs jobs[j] for (problem, config) keys[j], keeping each record as its job ends.
+  const auto run_jobs = [&](const std::vector<Job>& jobs, const std::vector<std::pair<size_t, size_t>>& keys,
+                            const std::string& label) {
+    const ProgressCallback print = progress_printer(label, log);
+    runner.run(jobs, {}, [&](size_t j, const JobResult& result, size_t done, size_t total) {
+      const auto [problem, config] = keys[j];
+      AccuracyRecord r = make_record(problem, jobs[j], result, problems[problem], tokenizer, options.dataset);
+      r.budget_ratio = configs[config].second;
+      keep(std::move(r));
+      if (print) print(j, result, done, total);
+    });
+  };
 
   // 1. Full cache on every problem.
   std::vector<Job> jobs;
-  for (const std::vector<int32_t>& prompt : prompts) {
+  std::vector<std::pair<size_t, size_t>> keys;
+  for (size_t i = 0; i < n; ++i) {
+    if (has(i, 0)) continue;
     Job job;
-    job.prompt = prompt;
+    job.prompt = prompts[i];
     job.policy = make_policy_config(std::string("full"));
     job.max_new_tokens = options.max_tokens;
     jobs.push_back(std::move(job));
+    keys.emplace_back(i, 0);
   }
-  std::vector<JobResult> full = runner.run(jobs, {}, progress_printer("accuracy full", log));
-  std::vector<AccuracyRecord> full_records;
-  for (size_t i = 0; i < problems.size(); ++i) {
-    full_records.push_back(make_record(i, jobs[i], full[i], problems[i], tokenizer, options.dataset));
-  }
+  if (!jobs.empty()) run_jobs(jobs, keys, "accuracy full");
 
-  // 2. Every (policy, budget, problem) in one queue; budgets follow each
+  // 2. Every (policy, budget) problem by problem; budgets follow each
   // problem's full-cache length.
-  std::vector<Job> policy_jobs;
-  std::vector<std::pair<size_t, size_t>> job_key;  // (config index, problem)
-  std::vector<std::pair<std::string, double>> grid;
-  std::vector<AccuracyRecord> policy_records;
-  for (const std::string& name : options.policies) {
-    for (double budget : options.budgets) {
-      const size_t config = grid.size();
-      grid.emplace_back(name, budget);
-      for (size_t i = 0; i < problems.size(); ++i) {
-        if (!full[i].ok()) {  // the same job would fail again: record it without running
-          AccuracyRecord r = full_records[i];
-          r.policy = name;
-          r.budget_ratio = budget;
-          policy_records.push_back(r);
-          continue;
-        }
-        const int64_t total = int64_t(prompts[i].size() + full[i].tokens.size());
-        Job job;
-        job.prompt = prompts[i];
-        job.policy = grid_policy_config(name, budget_slots(budget, total));
-        job.max_new_tokens = options.max_tokens;
-        policy_jobs.push_back(std::move(job));
-        job_key.emplace_back(config, i);
+  jobs.clear();
+  keys.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const AccuracyRecord& full = records.at(Key{i, "full", 1.0});
+    for (size_t c = 1; c < configs.size(); ++c) {
+      if (has(i, c)) continue;
+      const auto& [name, budget] = configs[c];
+      if (!full.error.empty()) {  // the same job would fail again: record it without running
+        AccuracyRecord r = full;
+        r.policy = name;
+        r.budget_ratio = budget;
+        keep(std::move(r));
+        continue;
       }
+      const int64_t total = int64_t(prompts[i].size()) + full.generated_tokens;
+      Job job;
+      job.prompt = prompts[i];
+      job.policy = grid_policy_config(name, budget_slots(budget, total));
+      job.max_new_tokens = options.max_tokens;
+      jobs.push_back(std::move(job));
+      keys.emplace_back(i, c);
     }
   }
-  const std::vector<JobResult> results = runner.run(policy_jobs, {}, progress_printer("accuracy policies", log));
-  for (size_t j = 0; j < policy_jobs.size(); ++j) {
-    const auto [config, i] = job_key[j];
-    AccuracyRecord r = make_record(i, policy_jobs[j], results[j], problems[i], tokenizer, options.dataset);
-    r.budget_ratio = grid[config].second;
-    policy_records.push_back(r);
-  }
+  if (!jobs.empty()) run_jobs(jobs, keys, "accuracy policies");
 
-  // Rows: full first, then the grid in the order given.
+  // Rows and records in configuration order, problems in order within each.
+  AccuracyReport report;
   std::vector<const AccuracyRecord*> selected;
-  for (const AccuracyRecord& r : full_records) selected.push_back(&r);
-  report.rows.push_back(summarize("full", 1.0, selected));
-  for (const auto& [name, budget] : grid) {
+  for (const auto& [name, budget] : configs) {
     selected.clear();
-    for (const AccuracyRecord& r : policy_records) {
-      if (r.policy == name && r.budget_ratio == budget) selected.push_back(&r);
+    for (size_t i = 0; i < n; ++i) {
+      const AccuracyRecord& r = records.at(Key{i, name, budget});
+      selected.push_back(&r);
+      report.records.push_back(r);
     }
     report.rows.push_back(summarize(name, budget, selected));
   }
-  report.records = std::move(full_records);
-  report.records.insert(report.records.end(), policy_records.begin(), policy_records.end());
   return report;
 }
 
@@ -143,22 +166,6 @@ nlohmann::json accuracy_json(const AccuracyReport& report, const std::string& mo
           {"param_rule", kParamRule},
           {"results", rows},
           {"wall_s", wall_s}};
-}
-
-nlohmann::json accuracy_record_json(const AccuracyRecord& record, const std::vector<Problem>& problems) {
-  const Problem& p = problems[record.problem];
-  nlohmann::json j = {{"id", p.id},
-                      {"policy", record.policy},
-                      {"budget_ratio", record.budget_ratio},
-                      {"budget_slots", record.budget_slots},
-                      {"gold", p.gold},
-                      {"prediction", record.prediction ? nlohmann::json(*record.prediction) : nlohmann::json(nullptr)},
-                      {"correct", record.correct},
-                      {"generated_tokens", record.generated_tokens},
-                      {"peak_kv_bytes", record.peak_kv_bytes},
-                      {"finish", record.finish}};
-  if (!record.error.empty()) j["error"] = record.error;
-  return j;
 }
 
 }  // namespace lazykv::eval

@@ -1,6 +1,7 @@
 // Task accuracy under eviction: every problem is answered greedily with the
 // full cache, then with each (policy, budget), the budget a ratio of that
-// problem's full-cache length (prompt + full generation).
+// problem's full-cache length (prompt + full generation). A long run can be
+// stopped and resumed: records of an earlier run are reused, not run again.
 #pragma once
 
 #include <cstdint>
@@ -54,14 +55,24 @@ struct AccuracyReport {
   std::vector<AccuracyRecord> records;    // every (configuration, problem)
 };
 
-// prompts[i] is problems[i]'s encoded prompt.
+// Records of an earlier run and a sink for new ones, so that a run can stop
+// at any time and go on later (see eval/accuracy_records.h for the file).
+struct AccuracyResume {
+  // Reused as they are, matched by (problem, policy, budget_ratio).
+  std::vector<AccuracyRecord> done;
+  // Called with each new record as soon as its job ends.
+  std::function<void(const AccuracyRecord&)> on_record;
+};
+
+// prompts[i] is problems[i]'s encoded prompt. Jobs run full first, then
+// problem by problem (every configuration of a problem before the next), so
+// that an interrupted run leaves whole problems behind.
 AccuracyReport run_accuracy(BatchRunner& runner, const std::vector<Problem>& problems,
                             const std::vector<std::vector<int32_t>>& prompts, const AccuracyOptions& options,
-                            const std::function<void(const std::string&)>& log = {});
+                            const std::function<void(const std::string&)>& log = {},
+                            const AccuracyResume& resume = {});
 
 nlohmann::json accuracy_json(const AccuracyReport& report, const std::string& model_name,
                              const AccuracyOptions& options, size_t n_problems, double wall_s);
-// One JSON object per record, with the problem's id and gold answer.
-nlohmann::json accuracy_record_json(const AccuracyRecord& record, const std::vector<Problem>& problems);
 
 }  // namespace lazykv::eval

@@ -71,9 +71,9 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
   std::vector<Active> active;
   std::vector<BatchItem> items;
   size_t next_job = 0, done = 0;
-  const auto finish_job = [&]() {
+  const auto finish_job = [&](size_t j) {
     ++done;
-    if (on_done) on_done(done, jobs.size());
+    if (on_done) on_done(j, results[j], done, jobs.size());
   };
 
   while (next_job < jobs.size() || !active.empty()) {
@@ -95,12 +95,12 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       }
       if (!result.ok()) {
         result.finish = "error";
-        finish_job();
+        finish_job(j);
         continue;
       }
       if (steps == 0) {
         result.finish = "length";
-        finish_job();
+        finish_job(j);
         continue;
       }
       cache.add_sequence(SeqId(j), policy->heads_per_layer());
@@ -161,7 +161,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
         result.tiers = a.policy->tier_counters();
         cache.remove_sequence(SeqId(a.job));
         a.done = true;
-        finish_job();
+        finish_job(a.job);
       } else {
         a.next = token;
       }

@@ -63,8 +63,9 @@ struct BatchRunnerOptions {
 // prefill's last row), restricted to the tokenizer's vocabulary. The span is
 // valid during the call only.
 using LogitsCallback = std::function<void(size_t job, int32_t index, std::span<const float> logits)>;
-// After each finished (or failed) job: jobs done so far, total.
-using ProgressCallback = std::function<void(size_t done, size_t total)>;
+// After each finished (or failed) job: its index and result, then the jobs
+// done so far and the total.
+using ProgressCallback = std::function<void(size_t job, const JobResult& result, size_t done, size_t total)>;
 
 class BatchRunner {
  public:

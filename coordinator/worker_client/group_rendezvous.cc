@@ -2,7 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -21,7 +23,9 @@ struct Link {
   std::unique_ptr<grpc::ClientReaderWriter<pb::GroupMessage, pb::GroupMessage>> stream;
   std::mutex write_mutex;
   bool writes_done = false;
+  bool ready = false;
   bool joined = false;
+  uint64_t instance_id = 0;
   std::string failure;  // the rank's own reason, when it sent one
 
   void write(const pb::GroupMessage& m) {
@@ -33,18 +37,60 @@ struct Link {
     if (!writes_done) stream->WritesDone();
     writes_done = true;
   }
+  // Ends the call once (gRPC allows one Finish) and returns its status.
+  const grpc::Status& finish() {
+    if (!status) {
+      close();
+      status = stream->Finish();
+    }
+    return *status;
+  }
+  std::optional<grpc::Status> status;
 };
+
+using Links = std::vector<std::unique_ptr<Link>>;
+
+// Runs body(r) for every rank on its own thread and waits for all of them.
+template <typename Body>
+void for_each_rank(size_t world, Body body) {
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < world; ++r) threads.emplace_back([&body, r] { body(r); });
+  for (std::thread& t : threads) t.join();
+}
+
+// Ends every call and throws naming each rank that did not get to `joined`
+// (its own reason first, else the call's status).
+void finish(const Links& links, const std::vector<GroupRank>& ranks, bool phase1_failed) {
+  std::string errors;
+  for (size_t r = 0; r < links.size(); ++r) {
+    const grpc::Status status = links[r]->finish();
+    if (links[r]->joined) continue;
+    std::string why = links[r]->failure;
+    if (why.empty()) {
+      if (phase1_failed && status.error_code() == grpc::StatusCode::CANCELLED) continue;  // stopped because of another rank
+      why = status.ok() ? "ended the rendezvous without joining" : status.error_message();
+      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        why = links[r]->ready ? "did not join in time" : "did not become ready in time (still running a step?)";
+      }
+    }
+    errors += (errors.empty() ? "" : "; ") + ranks[r].name + " (rank " + std::to_string(r) + "): " + why;
+  }
+  if (phase1_failed && errors.empty()) errors = "a rank ended the formation before every rank was ready";
+  if (!errors.empty()) throw Error(ErrorCode::kUnavailable, "the tensor-parallel group did not form: " + errors);
+}
 
 }  // namespace
 
-void form_tensor_parallel_group(const std::vector<GroupRank>& ranks, std::chrono::milliseconds timeout) {
+std::vector<uint64_t> form_tensor_parallel_group(const std::vector<GroupRank>& ranks,
+                                                 std::chrono::milliseconds timeout) {
   const size_t world = ranks.size();
   if (world == 0) throw Error(ErrorCode::kInvalidArgument, "tensor-parallel group: no ranks");
   if (timeout.count() <= 0) throw Error(ErrorCode::kInvalidArgument, "tensor-parallel group: timeout must be > 0");
-  // The ranks time their own rendezvous; the calls get a little longer so a
-  // rank's own error (not our deadline) is what comes back.
-  const auto deadline = std::chrono::system_clock::now() + timeout + std::chrono::seconds(5);
-  std::vector<std::unique_ptr<Link>> links;
+  // Each phase is timed by the ranks themselves (a rank waits `timeout` for
+  // its running step, then `timeout` for its peers); the calls get a little
+  // longer so that a rank's own error, not our deadline, is what comes back.
+  const auto deadline = std::chrono::system_clock::now() + 2 * timeout + std::chrono::seconds(5);
+  Links links;
   for (size_t r = 0; r < world; ++r) {
     auto link = std::make_unique<Link>();
     link->stub = pb::Worker::NewStub(ranks[r].channel);
@@ -52,7 +98,6 @@ void form_tensor_parallel_group(const std::vector<GroupRank>& ranks, std::chrono
     link->stream = link->stub->JoinGroup(&link->context);
     links.push_back(std::move(link));
   }
-  // Every rank learns its place before any entry is relayed.
   for (size_t r = 0; r < world; ++r) {
     pb::GroupMessage m;
     m.mutable_join()->set_rank(int32_t(r));
@@ -60,45 +105,61 @@ void form_tensor_parallel_group(const std::vector<GroupRank>& ranks, std::chrono
     m.mutable_join()->set_timeout_ms(uint32_t(timeout.count()));
     links[r]->write(m);
   }
-  std::vector<std::thread> relays;
-  for (size_t r = 0; r < world; ++r) {
-    relays.emplace_back([&, r] {
-      Link& self = *links[r];
-      pb::GroupMessage m;
-      while (self.stream->Read(&m)) {
-        if (m.has_entry()) {
-          for (size_t q = 0; q < world; ++q) {
-            if (q != r) links[q]->write(m);
-          }
-        } else if (m.has_joined()) {
-          self.joined = true;
-          break;
-        } else if (m.has_failed()) {
-          self.failure = m.failed();
-          break;
-        }
+
+  // Phase 1: every rank ready. A rank that fails cancels every call, so the
+  // others stop waiting.
+  std::atomic<bool> phase1_failed{false};
+  for_each_rank(world, [&](size_t r) {
+    Link& self = *links[r];
+    pb::GroupMessage m;
+    if (self.stream->Read(&m)) {
+      if (m.has_ready()) {
+        self.ready = true;
+        return;
       }
-      // A rank that failed will never publish the rest: end every call, so
-      // the ranks still waiting for its entries fail now, not at the timeout.
-      if (!self.joined) {
-        for (auto& link : links) link->close();
-      }
-    });
-  }
-  for (std::thread& t : relays) t.join();
-  std::string errors;
-  for (size_t r = 0; r < world; ++r) {
-    links[r]->close();
-    const grpc::Status status = links[r]->stream->Finish();
-    if (links[r]->joined) continue;
-    std::string why = links[r]->failure;
-    if (why.empty()) {
-      why = status.ok() ? "ended the rendezvous without joining" : status.error_message();
-      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) why = "did not join in time";
+      self.failure = m.has_failed() ? m.failed() : "answered the join with something other than ready";
+    } else {
+      self.finish();  // its status, before a cancel could hide it
     }
-    errors += (errors.empty() ? "" : "; ") + ranks[r].name + " (rank " + std::to_string(r) + "): " + why;
+    if (!phase1_failed.exchange(true)) {
+      for (auto& link : links) link->context.TryCancel();
+    }
+  });
+  if (phase1_failed) finish(links, ranks, /*phase1_failed=*/true);
+
+  // Phase 2: the rendezvous, every entry relayed to every other rank.
+  for (size_t r = 0; r < world; ++r) {
+    pb::GroupMessage m;
+    m.set_start(true);
+    links[r]->write(m);
   }
-  if (!errors.empty()) throw Error(ErrorCode::kUnavailable, "the tensor-parallel group did not form: " + errors);
+  for_each_rank(world, [&](size_t r) {
+    Link& self = *links[r];
+    pb::GroupMessage m;
+    while (self.stream->Read(&m)) {
+      if (m.has_entry()) {
+        for (size_t q = 0; q < world; ++q) {
+          if (q != r) links[q]->write(m);
+        }
+      } else if (m.has_joined()) {
+        self.joined = true;
+        self.instance_id = m.joined().instance_id();
+        break;
+      } else if (m.has_failed()) {
+        self.failure = m.failed();
+        break;
+      }
+    }
+    // A rank that failed will never publish the rest: end every call, so
+    // the ranks still waiting for its entries fail now, not at the timeout.
+    if (!self.joined) {
+      for (auto& link : links) link->close();
+    }
+  });
+  finish(links, ranks, /*phase1_failed=*/false);
+  std::vector<uint64_t> instances;
+  for (const auto& link : links) instances.push_back(link->instance_id);
+  return instances;
 }
 
 }  // namespace lazykv

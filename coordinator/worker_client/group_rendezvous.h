@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,9 +22,13 @@ struct GroupRank {
   std::string name;  // in errors: "worker HOST:PORT"
 };
 
-// `ranks` in rank order. Returns once every rank has joined; throws
-// Error(kUnavailable) naming each rank that failed (or did not answer within
-// `timeout` plus a little slack). Every rank drops the sequences it held.
-void form_tensor_parallel_group(const std::vector<GroupRank>& ranks, std::chrono::milliseconds timeout);
+// `ranks` in rank order. Returns once every rank has joined, with each
+// rank's instance id (its process, as its heartbeats report it); throws
+// Error(kUnavailable) naming each rank that failed or did not answer in time.
+// A rank still running a step gets `timeout` to finish it before the
+// rendezvous starts; the rendezvous then gets `timeout` of its own. Every rank
+// drops the sequences it held.
+std::vector<uint64_t> form_tensor_parallel_group(const std::vector<GroupRank>& ranks,
+                                                 std::chrono::milliseconds timeout);
 
 }  // namespace lazykv

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <future>
+#include <utility>
 
 #include "common/error.h"
 
@@ -18,7 +19,7 @@ std::vector<SeqId> failed_ids(const StepResult& r) {
 
 }  // namespace
 
-TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks, std::function<void()> form_group)
+TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks, FormGroup form_group)
     : ranks_(std::move(ranks)), form_group_(std::move(form_group)) {
   if (ranks_.empty()) throw Error(ErrorCode::kInvalidArgument, "tensor-parallel worker: no ranks");
   const int world = int(ranks_.size());
@@ -58,15 +59,19 @@ std::vector<uint64_t> TensorParallelWorker::instances() const {
 void TensorParallelWorker::regroup_if_needed(const StepPlan& plan) {
   if (!form_group_) return;
   const std::vector<uint64_t> now = instances();
-  if (formed_ && now == formed_instances_) return;
+  const std::vector<uint64_t> seen = std::exchange(seen_instances_, now);
+  bool restart = false;
   std::string restarted;
   for (size_t r = 0; r < formed_instances_.size(); ++r) {
-    if (now[r] != formed_instances_[r]) restarted += (restarted.empty() ? "" : ", ") + ranks_[r].name;
+    if (now[r] == formed_instances_[r]) continue;
+    restarted += (restarted.empty() ? "" : ", ") + ranks_[r].name;
+    restart = restart || now[r] != seen[r];  // a new process, not a heartbeat older than the group
   }
+  if (formed_ && !restart) return;
   formed_ = false;
-  form_group_();  // throws: this step fails, the next one tries again
+  std::vector<uint64_t> joined = form_group_();  // throws: this step fails, the next one tries again
   formed_ = true;
-  formed_instances_ = now;
+  formed_instances_ = joined.size() == ranks_.size() ? std::move(joined) : now;
   ++groups_formed_;
   // Every rank dropped its sequences: a step that continues one cannot run.
   const bool continues = std::any_of(plan.items.begin(), plan.items.end(), [&](const StepItem& item) {

@@ -6,8 +6,11 @@
 // or whether the cache was full, fail the whole step like a dead worker.
 // With `form_group` the coordinator arranges the ranks' rendezvous: the group
 // forms at construction, and again before the next step after a rank
-// restarted (its instance id changed) or a step failed, so a restarted rank is
-// taken back and a communicator broken by a timeout is replaced.
+// restarted or a step failed, so a restarted rank is taken back and a
+// communicator broken by a timeout is replaced. A rank restarted when its
+// heartbeats show a new process other than the one that joined: a heartbeat
+// that is merely older than the group (the group re-formed after a failed step
+// with the new process before a heartbeat showed it) is not a restart.
 #pragma once
 
 #include <functional>
@@ -29,10 +32,14 @@ struct TensorParallelRank {
 
 class TensorParallelWorker final : public StepExecutor {
  public:
+  // Forms the group; returns each rank's instance id as it joined (empty:
+  // unknown, the heartbeats' ids are taken).
+  using FormGroup = std::function<std::vector<uint64_t>()>;
+
   // ranks in rank order. Throws Error(kInvalidArgument) when they do not
   // serve the same model (vocabulary, context, layers) or are not ranks 0..N-1
   // of a group of N, and Error(kUnavailable) when form_group fails.
-  explicit TensorParallelWorker(std::vector<TensorParallelRank> ranks, std::function<void()> form_group = {});
+  explicit TensorParallelWorker(std::vector<TensorParallelRank> ranks, FormGroup form_group = {});
 
   // The rank whose KV cache fills first (most KV heads for its capacity, rank
   // 0 when equal), so admission by these numbers fits every rank.
@@ -48,10 +55,11 @@ class TensorParallelWorker final : public StepExecutor {
   void regroup_if_needed(const StepPlan& plan);
 
   std::vector<TensorParallelRank> ranks_;
-  std::function<void()> form_group_;
+  FormGroup form_group_;
   WorkerInfo info_;
   bool formed_ = false;
-  std::vector<uint64_t> formed_instances_;  // each rank's process when the group last formed
+  std::vector<uint64_t> formed_instances_;  // each rank's process that joined the group last formed
+  std::vector<uint64_t> seen_instances_;    // each rank's process as the heartbeats showed it at the last step
   int groups_formed_ = 0;
 };
 

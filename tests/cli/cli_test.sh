@@ -82,9 +82,29 @@ for x in r:
         assert k in x, k
     assert x["n"] == 2 and 0 <= x["accuracy"] <= 1 and x["max_peak_kv_bytes"] > 0, x
 assert r[1]["max_peak_kv_bytes"] < r[0]["max_peak_kv_bytes"], r
-recs = [json.loads(l) for l in open(sys.argv[2])]
+lines = [json.loads(l) for l in open(sys.argv[2])]
+assert lines[0]["kind"] == "accuracy_records" and lines[0]["max_tokens"] == 24, lines[0]
+recs = lines[1:]
 assert len(recs) == 4 and all("prediction" in x and "gold" in x for x in recs), recs
 ' "$tmp/acc.json" "$tmp/acc.jsonl"; then pass "eval accuracy JSON"; else fail "eval accuracy JSON"; fi
+# --resume: a run stopped after one record goes on from the file, runs only
+# what is missing and reports what the whole run reported.
+head -n 2 "$tmp/acc.jsonl" >"$tmp/part.jsonl"
+expect_exit 0 "eval accuracy --resume" "$lazykv" eval accuracy --model "$model" --dataset gsm8k --data-dir "$eval_data" \
+  --limit 2 --max-tokens 24 --policies lazy --budgets 0.5 --output "$tmp/acc2.json" --records "$tmp/part.jsonl" --resume
+if python3 -c '
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert b["resumed_records"] == 1, b
+assert a["results"] == b["results"], (a["results"], b["results"])
+lines = open(sys.argv[3]).read().splitlines()
+assert len(lines) == 5, lines
+' "$tmp/acc.json" "$tmp/acc2.json" "$tmp/part.jsonl"; then pass "resumed run matches"; else fail "resumed run matches"; fi
+expect_exit 2 "resume with other settings" "$lazykv" eval accuracy --model "$model" --dataset gsm8k --data-dir "$eval_data" \
+  --limit 2 --max-tokens 32 --policies lazy --budgets 0.5 --output "$tmp/acc3.json" --records "$tmp/part.jsonl" --resume
+expect_in "$tmp/err" "max_tokens 24, this run has 32" "resume refuses another run's records"
+expect_exit 2 "resume without records" "$lazykv" eval accuracy --model "$model" --data-dir "$eval_data" --limit 1 --resume
+expect_in "$tmp/err" "--resume needs the --records file" "resume needs records"
 if [ "$(head -c 8 "$tmp/acc.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; then
   pass "eval accuracy PNG"; else fail "eval accuracy PNG"; fi
 

@@ -149,6 +149,15 @@ check "after the restart: the same greedy text as serve" cmp -s "$work/text" "$w
 check "the coordinator formed the group again" \
   sh -c "test \$(grep -c 'the tensor-parallel group formed' '$coord_log') -ge 2"
 check "rank 0 joined a second group" grep -q 'joined group 2' "$work/rank0.log"
+# Once formed with the new process, the group stays: more requests run on it
+# without a third formation (which would drop the sequences again).
+for n in 2 3; do
+  rm -f "$work/text"
+  check "request $n after the restart succeeds" completion "$url"
+  check "  with the same text" cmp -s "$work/text" "$work/serve_text"
+done
+check "  and the group formed exactly twice" \
+  sh -c "test \$(grep -c 'the tensor-parallel group formed' '$coord_log') -eq 2"
 
 kill -TERM "$coord_pid"
 wait "$coord_pid"

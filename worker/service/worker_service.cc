@@ -121,6 +121,25 @@ grpc::Status WorkerService::JoinGroup(
   if (join.timeout_ms() == 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "GroupJoin timeout_ms is 0");
   const std::chrono::milliseconds timeout(join.timeout_ms());
 
+  // Phase 1: no step runs from here until the rendezvous ends. A step still
+  // running (stuck in a collective of the broken group) ends within its
+  // collective timeout; the peers' rendezvous clocks start only after it.
+  std::unique_lock step_lock(step_mutex_, std::defer_lock);
+  if (!step_lock.try_lock_for(timeout)) {
+    pb::GroupMessage m;
+    m.set_failed(self + " is still running a step after " + std::to_string(timeout.count()) + " ms");
+    stream->Write(m);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, m.failed());
+  }
+  {
+    pb::GroupMessage ready;
+    ready.set_ready(true);
+    pb::GroupMessage start;
+    if (!stream->Write(ready) || !stream->Read(&start) || !start.has_start()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator ended the rendezvous before every rank was ready");
+    }
+  }
+
   std::mutex write_mutex;  // the rendezvous thread and this one both write
   auto write = [&](const pb::GroupMessage& m) {
     std::lock_guard lock(write_mutex);
@@ -145,15 +164,15 @@ grpc::Status WorkerService::JoinGroup(
   });
   grpc::Status status = grpc::Status::OK;
   try {
-    std::lock_guard lock(step_mutex_);
     join_(timeout, store);
     if (sequences_fn_) sequences_ = sequences_fn_();
   } catch (const std::exception& e) {
     status = grpc::Status(grpc::StatusCode::UNAVAILABLE, self + " could not join its group: " + e.what());
   }
+  step_lock.unlock();
   pb::GroupMessage outcome;
   if (status.ok()) {
-    outcome.set_joined(true);
+    outcome.mutable_joined()->set_instance_id(instance_id_);
   } else {
     outcome.set_failed(status.error_message());
   }

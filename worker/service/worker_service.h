@@ -61,7 +61,7 @@ class WorkerService final : public ::lazykv::worker::v1::Worker::Service {
   const WorkerInfo info_;
   const uint64_t instance_id_;
   const std::chrono::steady_clock::time_point started_;
-  std::mutex step_mutex_;  // one step at a time
+  std::timed_mutex step_mutex_;  // one step (or group formation) at a time
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> sequences_{0};
 };

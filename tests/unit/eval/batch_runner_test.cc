@@ -216,6 +216,60 @@ TEST_F(BatchRunnerTest, AccuracyReportsEveryConfiguration) {
   }
 }
 
+TEST_F(BatchRunnerTest, AccuracyResumesFromEarlierRecords) {
+  const std::vector<Problem> problems = {{"a", "q", "7"}, {"b", "q", "8"}, {"c", "q", "9"}};
+  const std::vector<std::vector<int32_t>> prompts = {prompt(0), prompt(1), prompt(2)};
+  AccuracyOptions options;
+  options.policies = {"lazy", "h2o"};
+  options.budgets = {0.5, 0.7};
+  options.max_tokens = 12;
+
+  // A whole run, keeping every record as its job ends.
+  std::vector<AccuracyRecord> all;
+  AccuracyResume sink;
+  sink.on_record = [&](const AccuracyRecord& r) { all.push_back(r); };
+  BatchRunner first = runner(4);
+  const AccuracyReport whole = run_accuracy(first, problems, prompts, options, {}, sink);
+  ASSERT_EQ(all.size(), 15u);
+
+  // Stopped after problem 0 (every configuration), problem 1's full run and
+  // one of problem 2's configurations (one whose full run is not kept, so
+  // full runs again but the record is reused).
+  AccuracyResume resume;
+  for (const AccuracyRecord& r : all) {
+    if (r.problem == 0 || (r.problem == 1 && r.policy == "full") ||
+        (r.problem == 2 && r.policy == "h2o" && r.budget_ratio == 0.7)) {
+      resume.done.push_back(r);
+    }
+  }
+  ASSERT_EQ(resume.done.size(), 7u);
+  std::vector<AccuracyRecord> fresh;
+  resume.on_record = [&](const AccuracyRecord& r) { fresh.push_back(r); };
+  BatchRunner second = runner(4);
+  const AccuracyReport resumed = run_accuracy(second, problems, prompts, options, {}, resume);
+  ASSERT_EQ(fresh.size(), 8u);  // only what was missing ran
+  for (const AccuracyRecord& r : fresh) {
+    EXPECT_NE(r.problem, 0u);
+    EXPECT_FALSE(r.problem == 1 && r.policy == "full");
+    EXPECT_FALSE(r.problem == 2 && r.policy == "h2o" && r.budget_ratio == 0.7);
+  }
+  // Greedy decoding repeats itself: the report is the same as the whole run's.
+  ASSERT_EQ(resumed.rows.size(), whole.rows.size());
+  for (size_t i = 0; i < whole.rows.size(); ++i) {
+    EXPECT_EQ(resumed.rows[i].policy, whole.rows[i].policy);
+    EXPECT_EQ(resumed.rows[i].budget_ratio, whole.rows[i].budget_ratio);
+    EXPECT_EQ(resumed.rows[i].n, 3);
+    EXPECT_EQ(resumed.rows[i].correct, whole.rows[i].correct);
+    EXPECT_EQ(resumed.rows[i].mean_generated_tokens, whole.rows[i].mean_generated_tokens);
+    EXPECT_EQ(resumed.rows[i].max_peak_kv_bytes, whole.rows[i].max_peak_kv_bytes);
+  }
+  ASSERT_EQ(resumed.records.size(), whole.records.size());
+  for (size_t i = 0; i < whole.records.size(); ++i) {
+    EXPECT_EQ(resumed.records[i].budget_slots, whole.records[i].budget_slots);
+    EXPECT_EQ(resumed.records[i].generated_tokens, whole.records[i].generated_tokens);
+  }
+}
+
 TEST(PolicyGridTest, BudgetsAndWindowRule) {
   EXPECT_EQ(budget_slots(0.5, 100), 50);
   EXPECT_EQ(budget_slots(0.01, 100), 8);

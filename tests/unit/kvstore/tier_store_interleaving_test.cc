@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "kvstore/tier_store.h"
+#include "tests/unit/temp_dir.h"
 
 namespace lazykv::kvstore {
 namespace {
@@ -75,15 +76,6 @@ std::optional<uint64_t> served_version(const BlockKey& key, std::span<const uint
 BlockHint random_hint(std::mt19937_64& rng) {
   return rng() % 4 == 0 ? BlockHint{} : BlockHint{rng() % 200};  // horizon 100: about half are admitted
 }
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tier_store_interleaving.XXXXXX").string();
-    path = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
 
 TierStoreOptions options_for(const std::string& replacement, const std::string& nvme_path) {
   TierStoreOptions options;
@@ -372,12 +364,12 @@ void run_model(const TierStoreOptions& options, uint64_t seed, int steps) {
 
 TEST(TierStoreInterleaving, GuardWithTier2MatchesTheModel) {
   TempDir dir;
-  run_model(options_for("guard", (dir.path / "nvme").string()), 1, 3000);
+  run_model(options_for("guard", dir.file("nvme")), 1, 3000);
 }
 
 TEST(TierStoreInterleaving, LruWithTier2MatchesTheModel) {
   TempDir dir;
-  run_model(options_for("lru", (dir.path / "nvme").string()), 2, 3000);
+  run_model(options_for("lru", dir.file("nvme")), 2, 3000);
 }
 
 TEST(TierStoreInterleaving, HostOnlyMatchesTheModel) { run_model(options_for("guard", ""), 3, 3000); }
@@ -387,7 +379,7 @@ TEST(TierStoreInterleaving, HostOnlyMatchesTheModel) { run_model(options_for("gu
 // never change, errors are only the expected ones. Then nothing may leak.
 TEST(TierStoreInterleaving, ConcurrentPeersLeakNothing) {
   TempDir dir;
-  TierStore store(options_for("guard", (dir.path / "nvme").string()));
+  TierStore store(options_for("guard", dir.file("nvme")));
   std::atomic<uint64_t> next_version{1};
   constexpr int kThreads = 4;
   constexpr int kSteps = 1500;

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
 #include "common/metrics/registry.h"
+#include "tests/unit/temp_dir.h"
 
 namespace lazykv::kvstore {
 namespace {
@@ -35,16 +36,6 @@ std::vector<uint8_t> payload(const BlockKey& key, uint64_t version, size_t bytes
   return out;
 }
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "tier_store_test.XXXXXX").string();
-    path = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string nvme() const { return (path / "nvme").string(); }
-};
-
 TierStoreOptions host_only(uint64_t blocks, std::string replacement = "lru") {
   TierStoreOptions options;
   options.host_capacity_bytes = blocks * kUnit;
@@ -55,7 +46,7 @@ TierStoreOptions host_only(uint64_t blocks, std::string replacement = "lru") {
 
 TierStoreOptions with_nvme(uint64_t blocks, const TempDir& dir, std::string replacement = "lru") {
   TierStoreOptions options = host_only(blocks, std::move(replacement));
-  options.nvme_path = dir.nvme();
+  options.nvme_path = dir.file("nvme");
   options.nvme_capacity_bytes = 1 << 20;
   return options;
 }
@@ -404,7 +395,7 @@ TEST(TierStore, CorruptTier2BlockIsAnIoErrorAndErased) {
   }
   {  // Flip the last byte of the stored value (the block's last byte).
     rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir.nvme(), &raw).ok());
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir.file("nvme"), &raw).ok());
     std::unique_ptr<rocksdb::DB> db(raw);
     const auto encoded = encode_block_key(key);
     const rocksdb::Slice slice(reinterpret_cast<const char*>(encoded.data()), encoded.size());

@@ -10,6 +10,7 @@
 #include "../tiny_model_fixture.h"
 #include "common/error.h"
 #include "parallel_test_util.h"
+#include "tests/unit/step_plans.h"
 #include "worker/forward.h"
 #include "worker/local_worker.h"
 #include "worker/parallel/model_shard.h"
@@ -171,13 +172,9 @@ std::vector<int32_t> worker_tokens(const Model& model, int world, const PolicyCo
     LocalWorkerOptions options;
     options.threads = 1;
     LocalWorker worker(model, options, group);
-    StepPlan plan;
-    SequenceStart start;
-    start.seq = 7;
-    for (int i = 0; i < 40; ++i) start.prompt.push_back(3 + (i * 37) % 200);
-    start.policy = policy;
-    plan.start.push_back(start);
-    plan.items.push_back({7, 40});
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 40; ++i) prompt.push_back(3 + (i * 37) % 200);
+    StepPlan plan = plan_starting(7, std::move(prompt), policy);
     std::vector<int32_t> tokens;
     int64_t evicted_slots = 0;
     for (int i = 0; i < n; ++i) {

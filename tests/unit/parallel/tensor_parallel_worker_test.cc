@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "common/error.h"
+#include "tests/unit/step_plans.h"
 
 namespace lazykv {
 namespace {
@@ -155,6 +156,7 @@ TEST(TensorParallelWorker, FormsTheGroupAgainAfterARankRestarted) {
   TensorParallelWorker group(std::move(ranks), [&] {
     if (fail_forming) throw Error(ErrorCode::kUnavailable, "rank 1 did not join in time");
     ++formed;
+    return std::vector<uint64_t>{};  // unknown: the heartbeats' ids count
   });
   EXPECT_EQ(formed, 1);
   StepPlan decode;
@@ -175,12 +177,7 @@ TEST(TensorParallelWorker, FormsTheGroupAgainAfterARankRestarted) {
   }
   EXPECT_EQ(formed, 2);
   EXPECT_EQ(group.groups_formed(), 2);
-  StepPlan fresh;
-  SequenceStart start;
-  start.seq = 2;
-  start.prompt = {1, 2, 3};
-  fresh.start = {start};
-  fresh.items = {{2, 3}};
+  const StepPlan fresh = plan_starting(2, {1, 2, 3});
   EXPECT_NO_THROW(group.step(fresh));
   EXPECT_EQ(formed, 2);
 }
@@ -193,7 +190,10 @@ TEST(TensorParallelWorker, FormsTheGroupAgainAfterAFailedStep) {
   fakes.push_back(rank_with(5));
   FakeRank* rank1 = fakes[1].get();
   int formed = 0;
-  TensorParallelWorker group(group_of(std::move(fakes)), [&] { ++formed; });
+  TensorParallelWorker group(group_of(std::move(fakes)), [&] {
+    ++formed;
+    return std::vector<uint64_t>{};
+  });
   EXPECT_EQ(formed, 1);
   rank1->fail = true;
   EXPECT_THROW(group.step(StepPlan{}), Error);
@@ -203,6 +203,48 @@ TEST(TensorParallelWorker, FormsTheGroupAgainAfterAFailedStep) {
   EXPECT_EQ(formed, 2);
   EXPECT_NO_THROW(group.step(StepPlan{}));
   EXPECT_EQ(formed, 2);
+}
+
+// Rank 1 restarted and a step failed before its heartbeat showed the new
+// process: the group re-forms with the new process (whose id the rank
+// reports on joining). The heartbeat catching up later is not a restart, so
+// the sequences of the new group are not dropped again; a real second
+// restart is.
+TEST(TensorParallelWorker, AHeartbeatOlderThanTheGroupIsNotARestart) {
+  std::vector<std::unique_ptr<FakeRank>> fakes;
+  fakes.push_back(rank_with(5));
+  fakes.push_back(rank_with(5));
+  FakeRank* rank1 = fakes[1].get();
+  std::vector<TensorParallelRank> ranks = group_of(std::move(fakes));
+  std::atomic<uint64_t> heartbeat1{11}, process1{11};
+  ranks[0].instance = [] { return uint64_t(10); };
+  ranks[1].instance = [&] { return heartbeat1.load(); };
+  int formed = 0;
+  TensorParallelWorker group(std::move(ranks), [&] {
+    ++formed;
+    return std::vector<uint64_t>{10, process1.load()};
+  });
+  StepPlan decode;
+  decode.items = {{1, 0}};
+  group.step(decode);
+
+  process1 = 12;  // rank 1 restarts; its next step fails
+  rank1->fail = true;
+  EXPECT_THROW(group.step(decode), Error);
+  rank1->fail = false;
+  const StepPlan fresh = plan_starting(2, {1, 2, 3});
+  group.step(fresh);  // forms again, with process 12, while the heartbeat still shows 11
+  EXPECT_EQ(formed, 2);
+  StepPlan continue2;
+  continue2.items = {{2, 0}};
+  EXPECT_NO_THROW(group.step(continue2));
+  heartbeat1 = 12;  // the heartbeat catches up
+  EXPECT_NO_THROW(group.step(continue2));
+  EXPECT_EQ(formed, 2) << "the heartbeat catching up was taken for a restart";
+
+  process1 = heartbeat1 = 13;  // a real restart
+  EXPECT_THROW(group.step(continue2), Error);
+  EXPECT_EQ(formed, 3);
 }
 
 }  // namespace

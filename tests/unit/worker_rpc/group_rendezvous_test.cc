@@ -20,6 +20,7 @@
 #include "worker/parallel/group_membership.h"
 #include "worker/service/relay_store.h"
 #include "worker/service/worker_service.h"
+#include "tests/unit/step_plans.h"
 
 namespace lazykv {
 namespace {
@@ -117,12 +118,7 @@ class GroupRendezvousTest : public ::testing::Test {
 
   // Greedy tokens of one sequence, step by step.
   static std::vector<int32_t> greedy(StepExecutor& executor, SeqId seq, int n) {
-    StepPlan plan;
-    SequenceStart start;
-    start.seq = seq;
-    start.prompt = {1, 40, 41, 42, 100, 7, 250, 13, 99, 5};
-    plan.start = {start};
-    plan.items = {{seq, int32_t(start.prompt.size())}};
+    StepPlan plan = plan_starting(seq, {1, 40, 41, 42, 100, 7, 250, 13, 99, 5});
     std::vector<int32_t> tokens;
     for (int i = 0; i < n; ++i) {
       const StepResult r = executor.step(plan);
@@ -154,14 +150,8 @@ TEST_F(GroupRendezvousTest, TheCoordinatorFormsTheGroupAndARestartedRankIsTakenB
   // Before the coordinator forms the group a rank refuses steps clearly.
   {
     RemoteWorker lone(rank0->address(), fast_heartbeats());
-    StepPlan plan;
-    SequenceStart start;
-    start.seq = 9;
-    start.prompt = {1, 2};
-    plan.start = {start};
-    plan.items = {{9, 2}};
     try {
-      lone.step(plan);
+      lone.step(plan_starting(9, {1, 2}));
       FAIL() << "a rank ran a step before its group formed";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("not in a group yet"), std::string::npos) << e.what();
@@ -178,8 +168,11 @@ TEST_F(GroupRendezvousTest, TheCoordinatorFormsTheGroupAndARestartedRankIsTakenB
                        [raw] { return raw->instance_id(); }});
   }
   RemoteWorker* remote1 = static_cast<RemoteWorker*>(members[1].executor.get());
-  TensorParallelWorker group(std::move(members), [&] { form_tensor_parallel_group(group_ranks, 10s); });
+  std::vector<uint64_t> joined;
+  TensorParallelWorker group(std::move(members), [&] { return joined = form_tensor_parallel_group(group_ranks, 10s); });
   EXPECT_EQ(group.groups_formed(), 1);
+  // The ranks report which process joined: the ones the heartbeats show.
+  EXPECT_EQ(joined, (std::vector<uint64_t>{rank0->service.instance_id(), rank1->service.instance_id()}));
   EXPECT_EQ(rank0->membership.joins(), 1);
   EXPECT_EQ(greedy(group, 1, 12), reference);
 
@@ -197,6 +190,76 @@ TEST_F(GroupRendezvousTest, TheCoordinatorFormsTheGroupAndARestartedRankIsTakenB
   EXPECT_EQ(rank0->membership.joins(), 2);
   EXPECT_EQ(rank1->membership.joins(), 1);
   EXPECT_EQ(rank0->worker.n_sequences(), 0u);
+}
+
+// A rank stuck in a collective of the old group (its peer never joined the
+// step) holds its step lock until the collective times out. Forming the group
+// again waits for that step to end before the rendezvous clocks start, so the
+// formation succeeds at the first try instead of timing out the peer.
+TEST_F(GroupRendezvousTest, FormingWaitsForARankStillInAStep) {
+  LocalWorker whole(*tiny_->model, options());
+  const std::vector<int32_t> reference = greedy(whole, 1, 6);
+  ServedRank rank0(0, 2, 0);
+  ServedRank rank1(1, 2, 0);
+  RemoteWorker remote0(rank0.address(), fast_heartbeats());
+  RemoteWorker remote1(rank1.address(), fast_heartbeats());
+  const std::vector<GroupRank> group_ranks = {{remote0.channel(), "worker a"}, {remote1.channel(), "worker b"}};
+  constexpr auto kTimeout = 2s;
+  form_tensor_parallel_group(group_ranks, kTimeout);
+
+  // Rank 0 alone starts a step: its first all-reduce waits for rank 1.
+  std::thread stuck([&] {
+    RemoteWorker direct(rank0.address(), fast_heartbeats());
+    EXPECT_THROW(direct.step(plan_starting(5, {1, 2, 3})), Error);  // its collective times out
+  });
+  std::this_thread::sleep_for(500ms);
+  const auto begin = Clock::now();
+  const std::vector<uint64_t> joined = form_tensor_parallel_group(group_ranks, kTimeout);
+  EXPECT_GE(Clock::now() - begin, 500ms) << "the formation did not wait for the running step";
+  stuck.join();
+  EXPECT_EQ(joined, (std::vector<uint64_t>{rank0.service.instance_id(), rank1.service.instance_id()}));
+  EXPECT_EQ(rank0.membership.joins(), 2);
+  EXPECT_EQ(rank1.membership.joins(), 2);
+
+  // The new group runs.
+  std::vector<TensorParallelRank> members;
+  members.push_back({std::make_unique<RemoteWorker>(rank0.address(), fast_heartbeats()), "worker a", {}, {}});
+  members.push_back({std::make_unique<RemoteWorker>(rank1.address(), fast_heartbeats()), "worker b", {}, {}});
+  TensorParallelWorker group(std::move(members));
+  EXPECT_EQ(greedy(group, 1, 6), reference);
+}
+
+// A step that outlasts the formation's timeout fails the formation, naming
+// the busy rank, without starting the rendezvous; once the step ended the
+// group forms.
+TEST_F(GroupRendezvousTest, ARankBusyPastTheTimeoutFailsTheFormationNamingIt) {
+  ServedRank rank0(0, 2, 0);
+  ServedRank rank1(1, 2, 0);
+  RemoteWorker remote0(rank0.address(), fast_heartbeats());
+  RemoteWorker remote1(rank1.address(), fast_heartbeats());
+  const std::vector<GroupRank> group_ranks = {{remote0.channel(), "worker a"}, {remote1.channel(), "worker b"}};
+  form_tensor_parallel_group(group_ranks, 3s);  // collectives now wait up to 3 s
+  std::thread stuck([&] {
+    RemoteWorker direct(rank0.address(), fast_heartbeats());
+    EXPECT_THROW(direct.step(plan_starting(5, {1, 2, 3})), Error);
+  });
+  std::this_thread::sleep_for(300ms);
+  const auto begin = Clock::now();
+  try {
+    form_tensor_parallel_group(group_ranks, 1s);
+    FAIL() << "a group formed around a rank still in a step";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker a (rank 0): rank 0 of 2 (lazykv worker --rank --world) is still "
+                                         "running a step after 1000 ms"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(Clock::now() - begin, 2500ms);
+  EXPECT_EQ(rank1.membership.joins(), 1) << "rank 1 started a rendezvous its peer could not join";
+  stuck.join();
+  form_tensor_parallel_group(group_ranks, 3s);
+  EXPECT_EQ(rank0.membership.joins(), 2);
+  EXPECT_EQ(rank1.membership.joins(), 2);
 }
 
 TEST_F(GroupRendezvousTest, ARankThatCannotJoinFailsTheGroupAtOnceNamingIt) {
@@ -230,9 +293,13 @@ TEST_F(GroupRendezvousTest, RanksInTheWrongOrderAreRefusedByTheWorkers) {
     form_tensor_parallel_group({{remote1.channel(), "worker b"}, {remote0.channel(), "worker a"}}, 5s);
     FAIL() << "ranks out of order formed a group";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("expects rank 0 of 2 here, but this worker is rank 1 of 2"),
-              std::string::npos)
-        << e.what();
+    // The first rank to refuse ends the formation; either may be first.
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("worker b (rank 0): the coordinator expects rank 0 of 2 here, but this worker is rank 1 of 2") !=
+                    std::string::npos ||
+                what.find("worker a (rank 1): the coordinator expects rank 1 of 2 here, but this worker is rank 0 of 2") !=
+                    std::string::npos)
+        << what;
   }
   // A worker started with --world 1 is not a rank at all.
   LocalWorker solo_worker(*tiny_->model, options());

@@ -1,0 +1,132 @@
+#include "eval/accuracy_records.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <unordered_map>
+
+#include "common/error.h"
+
+namespace lazykv::eval {
+namespace {
+
+Error bad_line(const std::string& path, size_t line, const std::string& why) {
+  return Error(ErrorCode::kInvalidArgument, path + ":" + std::to_string(line) + ": " + why);
+}
+
+// The record on a line, its problem given as an index into the run's problems.
+AccuracyRecord record_from_json(const nlohmann::json& j, size_t problem) {
+  AccuracyRecord r;
+  r.problem = problem;
+  r.policy = j.at("policy").get<std::string>();
+  r.budget_ratio = j.at("budget_ratio").get<double>();
+  r.budget_slots = j.at("budget_slots").get<int32_t>();
+  if (!j.at("prediction").is_null()) r.prediction = j.at("prediction").get<std::string>();
+  r.correct = j.at("correct").get<bool>();
+  r.generated_tokens = j.at("generated_tokens").get<int64_t>();
+  r.peak_kv_bytes = j.at("peak_kv_bytes").get<int64_t>();
+  r.finish = j.at("finish").get<std::string>();
+  if (j.contains("error")) r.error = j.at("error").get<std::string>();
+  return r;
+}
+
+}  // namespace
+
+nlohmann::json accuracy_records_header(const std::string& model, Dataset dataset, int32_t max_tokens,
+                                       const std::string& activations) {
+  return {{"kind", "accuracy_records"},
+          {"model", model},
+          {"dataset", dataset_name(dataset)},
+          {"max_tokens", max_tokens},
+          {"activations", activations}};
+}
+
+nlohmann::json accuracy_record_json(const AccuracyRecord& record, const std::vector<Problem>& problems) {
+  const Problem& p = problems[record.problem];
+  nlohmann::json j = {{"id", p.id},
+                      {"policy", record.policy},
+                      {"budget_ratio", record.budget_ratio},
+                      {"budget_slots", record.budget_slots},
+                      {"gold", p.gold},
+                      {"prediction", record.prediction ? nlohmann::json(*record.prediction) : nlohmann::json(nullptr)},
+                      {"correct", record.correct},
+                      {"generated_tokens", record.generated_tokens},
+                      {"peak_kv_bytes", record.peak_kv_bytes},
+                      {"finish", record.finish}};
+  if (!record.error.empty()) j["error"] = record.error;
+  return j;
+}
+
+AccuracyRecordLog::AccuracyRecordLog(const std::string& path, const nlohmann::json& header, bool resume,
+                                     const std::vector<Problem>& problems)
+    : path_(path), problems_(problems) {
+  std::vector<std::string> kept;  // record lines to write back, as they were
+  if (resume && std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    if (!in) throw Error(ErrorCode::kInvalidArgument, "cannot read --records " + path);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    while (!lines.empty() && lines.back().empty()) lines.pop_back();
+    std::unordered_map<std::string, size_t> index_of;
+    for (size_t i = 0; i < problems.size(); ++i) index_of.emplace(problems[i].id, i);
+    for (size_t n = 0; n < lines.size(); ++n) {
+      nlohmann::json j = nlohmann::json::parse(lines[n], nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object()) {
+        if (n + 1 == lines.size() && n > 0) {  // the write a killed run left unfinished
+          dropped_torn_line_ = true;
+          break;
+        }
+        throw bad_line(path, n + 1, "not a JSON object");
+      }
+      if (n == 0) {
+        if (j.value("kind", "") != "accuracy_records") {
+          throw bad_line(path, 1, "not a records file of lazykv eval accuracy (no accuracy_records header)");
+        }
+        for (const auto& [field, value] : header.items()) {
+          if (!j.contains(field) || j[field] != value) {
+            throw Error(ErrorCode::kInvalidArgument,
+                        "--resume: " + path + " was written with " + field + " " +
+                            (j.contains(field) ? j[field].dump() : std::string("unset")) + ", this run has " +
+                            value.dump() + "; give another --records file or the same settings");
+          }
+        }
+        continue;
+      }
+      try {
+        const std::string id = j.at("id").get<std::string>();
+        const auto it = index_of.find(id);
+        if (it != index_of.end()) {
+          if (j.at("gold").get<std::string>() != problems[it->second].gold) {
+            throw bad_line(path, n + 1, "problem " + id + " has gold answer " + j.at("gold").dump() +
+                                            " but the data set says \"" + problems[it->second].gold + "\"");
+          }
+          resumed_.push_back(record_from_json(j, it->second));
+        }
+      } catch (const nlohmann::json::exception& e) {
+        throw bad_line(path, n + 1, std::string("bad record: ") + e.what());
+      }
+      kept.push_back(lines[n]);
+    }
+  }
+  // Write the header and the kept records to a temporary file, then put it in place.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw Error(ErrorCode::kInvalidArgument, "cannot write --records " + path);
+    out << header.dump() << "\n";
+    for (const std::string& line : kept) out << line << "\n";
+    if (!out.flush()) throw Error(ErrorCode::kInternal, "writing " + tmp + " failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw Error(ErrorCode::kInternal, "cannot move " + tmp + " to " + path + ": " + ec.message());
+  out_.open(path, std::ios::app);
+  if (!out_) throw Error(ErrorCode::kInvalidArgument, "cannot append to --records " + path);
+}
+
+void AccuracyRecordLog::append(const AccuracyRecord& record) {
+  out_ << accuracy_record_json(record, problems_).dump() << "\n";
+  if (!out_.flush()) throw Error(ErrorCode::kInternal, "writing --records " + path_ + " failed");
+}
+
+}  // namespace lazykv::eval
