@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "common/error.h"
 #include "common/flags.h"
+#include "common/model_registry.h"
 #include "eval/accuracy.h"
 #include "eval/accuracy_records.h"
 #include "eval/datasets.h"
@@ -174,8 +175,8 @@ int run_accuracy(const std::vector<std::string>& args) {
   eval::AccuracyResume resume;
   if (!flags.get("records").empty()) {
     records.emplace(flags.get("records"),
-                    eval::accuracy_records_header(m.model->config().name, options.dataset, options.max_tokens,
-                                                  flags.get("activations")),
+                    eval::accuracy_records_header(m.model->config().name, resolve_model_path(flags.get("model")),
+                                                  options.dataset, options.max_tokens, flags.get("activations")),
                     flags.get_bool("resume"), problems);
     resume.done = records->resumed();
     resume.on_record = [&records](const eval::AccuracyRecord& r) { records->append(r); };

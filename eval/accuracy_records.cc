@@ -32,10 +32,24 @@ AccuracyRecord record_from_json(const nlohmann::json& j, size_t problem) {
 
 }  // namespace
 
-nlohmann::json accuracy_records_header(const std::string& model, Dataset dataset, int32_t max_tokens,
-                                       const std::string& activations) {
+nlohmann::json accuracy_records_header(const std::string& model, const std::string& model_path, Dataset dataset,
+                                       int32_t max_tokens, const std::string& activations) {
+  namespace fs = std::filesystem;
+  // A GGUF file's size, or a Hugging Face directory's files' total.
+  uintmax_t bytes = 0;
+  std::error_code ec;
+  if (fs::is_directory(model_path, ec)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(model_path, ec)) {
+      if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+    }
+  } else {
+    bytes = fs::file_size(model_path, ec);
+    if (ec) bytes = 0;
+  }
   return {{"kind", "accuracy_records"},
           {"model", model},
+          {"model_file", fs::path(model_path).filename().string()},
+          {"model_bytes", bytes},
           {"dataset", dataset_name(dataset)},
           {"max_tokens", max_tokens},
           {"activations", activations}};

@@ -15,9 +15,11 @@
 namespace lazykv::eval {
 
 // The first line of a records file: what a resumed run must share with the
-// run that wrote the file, since it changes the answers.
-nlohmann::json accuracy_records_header(const std::string& model, Dataset dataset, int32_t max_tokens,
-                                       const std::string& activations);
+// run that wrote the file, since it changes the answers. The model is named
+// by its name and by its file (name and size: two quantizations of one model
+// share the name).
+nlohmann::json accuracy_records_header(const std::string& model, const std::string& model_path, Dataset dataset,
+                                       int32_t max_tokens, const std::string& activations);
 
 // One record line: the problem's id and gold answer, the configuration and
 // the outcome.

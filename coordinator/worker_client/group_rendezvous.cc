@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -60,14 +61,20 @@ void for_each_rank(size_t world, Body body) {
 
 // Ends every call and throws naming each rank that did not get to `joined`
 // (its own reason first, else the call's status).
-void finish(const Links& links, const std::vector<GroupRank>& ranks, bool phase1_failed) {
+// After a failed phase 1 only the rank that ended it and those that were not
+// ready are named: the ready ones were stopped because of another rank.
+void finish(const Links& links, const std::vector<GroupRank>& ranks, bool phase1_failed,
+            size_t phase1_culprit = SIZE_MAX) {
   std::string errors;
   for (size_t r = 0; r < links.size(); ++r) {
     const grpc::Status status = links[r]->finish();
     if (links[r]->joined) continue;
     std::string why = links[r]->failure;
     if (why.empty()) {
-      if (phase1_failed && status.error_code() == grpc::StatusCode::CANCELLED) continue;  // stopped because of another rank
+      if (phase1_failed && r != phase1_culprit &&
+          (links[r]->ready || status.error_code() == grpc::StatusCode::CANCELLED)) {
+        continue;
+      }
       why = status.ok() ? "ended the rendezvous without joining" : status.error_message();
       if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         why = links[r]->ready ? "did not join in time" : "did not become ready in time (still running a step?)";
@@ -109,6 +116,7 @@ std::vector<uint64_t> form_tensor_parallel_group(const std::vector<GroupRank>& r
   // Phase 1: every rank ready. A rank that fails cancels every call, so the
   // others stop waiting.
   std::atomic<bool> phase1_failed{false};
+  size_t culprit = SIZE_MAX;  // the first rank that failed phase 1
   for_each_rank(world, [&](size_t r) {
     Link& self = *links[r];
     pb::GroupMessage m;
@@ -122,10 +130,11 @@ std::vector<uint64_t> form_tensor_parallel_group(const std::vector<GroupRank>& r
       self.finish();  // its status, before a cancel could hide it
     }
     if (!phase1_failed.exchange(true)) {
+      culprit = r;
       for (auto& link : links) link->context.TryCancel();
     }
   });
-  if (phase1_failed) finish(links, ranks, /*phase1_failed=*/true);
+  if (phase1_failed) finish(links, ranks, /*phase1_failed=*/true, culprit);
 
   // Phase 2: the rendezvous, every entry relayed to every other rank.
   for (size_t r = 0; r < world; ++r) {

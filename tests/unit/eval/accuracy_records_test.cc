@@ -17,7 +17,7 @@ namespace {
 const std::vector<Problem> kProblems = {{"gsm8k/1", "q1", "7"}, {"gsm8k/2", "q2", "8"}, {"gsm8k/3", "q3", "9"}};
 
 nlohmann::json header(int32_t max_tokens = 64) {
-  return accuracy_records_header("tiny", Dataset::kGsm8k, max_tokens, "f32");
+  return accuracy_records_header("tiny", "/nonexistent/tiny.gguf", Dataset::kGsm8k, max_tokens, "f32");
 }
 
 AccuracyRecord record(size_t problem, const std::string& policy, double ratio, bool correct) {
@@ -148,7 +148,8 @@ TEST(AccuracyRecordsTest, RefusesAnotherRunsFile) {
   expect_error([&] { AccuracyRecordLog(path, header(128), true, kProblems); }, "max_tokens 64, this run has 128");
   expect_error(
       [&] {
-        AccuracyRecordLog(path, accuracy_records_header("tiny", Dataset::kMath500, 64, "f32"), true, kProblems);
+        AccuracyRecordLog(path, accuracy_records_header("tiny", "/nonexistent/tiny.gguf", Dataset::kMath500, 64, "f32"),
+                          true, kProblems);
       },
       "dataset");
   // The file is left as it was.
