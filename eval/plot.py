@@ -2,8 +2,10 @@
 """Plots a `lazykv eval` result JSON against the KV budget ratio, one line per
 policy, full KV as a dashed line: accuracy for `eval accuracy`; top-1
 agreement and mean KL(full || policy) side by side for `eval fidelity`.
+Several results of one run split by policy (the same prompts and full-KV
+reference) are drawn together.
 
-usage: plot.py RESULT.json OUT.png
+usage: plot.py RESULT.json [MORE.json ...] OUT.png
 """
 import json
 import sys
@@ -36,24 +38,31 @@ def draw(ax, rows, metric, label, log_scale=False):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         sys.exit(__doc__)
-    with open(sys.argv[1]) as f:
-        result = json.load(f)
+    results = []
+    for path in sys.argv[1:-1]:
+        with open(path) as f:
+            results.append(json.load(f))
+    result = results[0]
+    key = "results" if "results" in result else "configs"
+    if any(key not in r for r in results):
+        sys.exit("plot.py: mixed accuracy and fidelity results")
+    rows = [row for r in results for row in r[key]]
     if "results" in result:  # accuracy
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        draw(ax, result["results"], "accuracy", "accuracy")
+        draw(ax, rows, "accuracy", "accuracy")
         title = "%s on %s (n=%d, max %d tokens)" % (result.get("model", "?"), result.get("dataset", "?"),
                                                    result.get("n", 0), result.get("max_tokens", 0))
     else:  # fidelity
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-        draw(left, result["configs"], "top1_agreement", "top-1 agreement with full KV")
-        draw(right, result["configs"], "mean_kl", "mean KL(full || policy) per token", log_scale=True)
+        draw(left, rows, "top1_agreement", "top-1 agreement with full KV")
+        draw(right, rows, "mean_kl", "mean KL(full || policy) per token", log_scale=True)
         title = "%s: fidelity on %s (%d prompts, %d tokens)" % (
             result.get("model", "?"), result.get("source", "?"), result.get("prompts", 0), result.get("length", 0))
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(sys.argv[2], dpi=110)
+    fig.savefig(sys.argv[-1], dpi=110)
 
 
 if __name__ == "__main__":

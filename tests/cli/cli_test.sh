@@ -127,6 +127,14 @@ assert all(x["peak_kv_bytes"] < x["full_peak_kv_bytes"] for x in c[1:]), c
 ' "$tmp/fid.json"; then pass "eval fidelity JSON"; else fail "eval fidelity JSON"; fi
 if [ "$(head -c 8 "$tmp/fid.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; then
   pass "eval fidelity PNG"; else fail "eval fidelity PNG"; fi
+# eval/plot.py draws results of one run split by policy together; it refuses
+# to mix accuracy and fidelity results.
+plot_py="$(dirname "$0")/../../eval/plot.py"
+expect_exit 0 "plot of two results" /usr/bin/python3 "$plot_py" "$tmp/fid.json" "$tmp/fid.json" "$tmp/both.png"
+if [ "$(head -c 8 "$tmp/both.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; then
+  pass "plot of two results is a PNG"; else fail "plot of two results is a PNG"; fi
+expect_exit 1 "plot of mixed results" /usr/bin/python3 "$plot_py" "$tmp/fid.json" "$tmp/acc.json" "$tmp/mixed.png"
+expect_in "$tmp/err" "mixed accuracy and fidelity" "plot names the mix"
 expect_exit 1 "eval missing data" "$lazykv" eval accuracy --model "$model" --data-dir "$tmp/none" --limit 1
 expect_in "$tmp/err" "$tmp/none/gsm8k_test.jsonl" "eval missing data names the path"
 expect_exit 2 "eval unknown policy" "$lazykv" eval accuracy --model "$model" --data-dir "$eval_data" --policies bogus
