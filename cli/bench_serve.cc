@@ -1,10 +1,11 @@
 // lazykv bench-serve: an HTTP load generator for OpenAI-compatible servers
 // (`lazykv serve`, llama.cpp's llama-server, ...). `concurrency` client
-// threads each keep one HTTP/1.1 connection alive and send streaming
-// requests back to back; per request it records time to first token,
-// inter-token gaps and end-to-end latency, then prints one JSON summary.
+// threads each keep one HTTP/1.1 connection alive. Closed loop (the default),
+// each sends its next request as soon as the last one ends; open loop
+// (`--request-rate`), requests arrive as a seeded Poisson process and a free
+// client sends each at its arrival time. Per request it records time to first
+// token, inter-token gaps and end-to-end latency, then prints one JSON summary.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +108,8 @@ struct Options {
   bool ignore_eos = false;
   int64_t warmup = 0;
   double timeout_s = 600;
+  double request_rate = 0;  // requests/s of the Poisson arrivals; 0: closed loop
+  uint64_t arrival_seed = 1;
 };
 
 struct Result {
@@ -117,6 +121,27 @@ struct Result {
   std::vector<double> itl;
   int64_t completion_tokens = 0;
   int64_t prompt_tokens = -1;  // from usage, -1 if the server sent none
+  double start_delay = 0;  // open loop: from arrival until a client sent it
+};
+
+// Arrival times of an open-loop load: exponential gaps with mean 1/rate from
+// a seeded generator, so a run can be repeated on the same schedule. The
+// first request arrives at 0.
+class PoissonArrivals {
+ public:
+  PoissonArrivals(double rate, uint64_t seed) : rng_(seed), gap_(rate) {}
+
+  // Seconds from the start of the run to the next arrival.
+  double next() {
+    const double t = t_;
+    t_ += gap_(rng_);
+    return t;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  std::exponential_distribution<double> gap_;
+  double t_ = 0;
 };
 
 // One keep-alive connection. Operations are asynchronous with a deadline,
@@ -126,12 +151,13 @@ class Client {
  public:
   explicit Client(const Options& o) : options_(o), stream_(ioc_) {}
 
-  Result send(const std::string& path, const std::string& body) {
+  // Latencies count from `start`: the request's arrival, which in open loop
+  // may precede the moment a client was free to send it.
+  Result send(const std::string& path, const std::string& body, Clock::time_point start) {
     for (int attempt = 0;; ++attempt) {
       const bool reused = connected_;
       got_header_ = false;
       Result r;
-      const Clock::time_point start = Clock::now();
       try {
         if (!connected_) connect();
         http::request<http::string_body> req{http::verb::post, options_.target.base_path + path, 11};
@@ -378,6 +404,10 @@ Options parse_options(const std::vector<std::string>& args, bool& help) {
       .add_switch("ignore-eos",
                   "send \"ignore_eos\": true (honoured by lazykv, llama-server and vLLM): every request "
                   "generates exactly max_tokens, so servers are compared on the same output lengths")
+      .add("request-rate", "0",
+           "open loop: requests per second arriving as a Poisson process, each sent by a free client (latencies "
+           "count from its arrival, so a saturated --concurrency shows); 0: closed loop, back to back")
+      .add("arrival-seed", "1", "seed of the Poisson arrival times")
       .add("warmup", "0", "requests sent one at a time before measuring (not counted)")
       .add("timeout", "600", "seconds one network operation may take before the request counts as failed");
   flags.parse(args);
@@ -417,6 +447,9 @@ Options parse_options(const std::vector<std::string>& args, bool& help) {
   if (o.warmup < 0) throw bad("--warmup must be >= 0");
   o.timeout_s = flags.get_double("timeout");
   if (o.timeout_s <= 0) throw bad("--timeout must be > 0");
+  o.request_rate = flags.get_double("request-rate");
+  if (!(o.request_rate >= 0) || !std::isfinite(o.request_rate)) throw bad("--request-rate must be a finite number >= 0");
+  o.arrival_seed = uint64_t(flags.get_int("arrival-seed"));
   return o;
 }
 
@@ -440,23 +473,39 @@ int run_bench_serve(const std::vector<std::string>& args) {
   if (o.warmup > 0) {
     Client client(o);
     for (int64_t i = 0; i < o.warmup; ++i) {
-      const Result r = client.send(path, request_body(o, -1 - i));
+      const Result r = client.send(path, request_body(o, -1 - i), Clock::now());
       if (!r.ok) std::fprintf(stderr, "bench-serve: warmup request failed: %s\n", r.error.c_str());
     }
   }
 
-  std::mutex mu;
+  auto after = [](Clock::time_point t, double seconds) {
+    return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  };
+  std::mutex mu;  // guards everything below that the clients share
   std::vector<Result> results;
-  std::atomic<int64_t> next_index{0};
+  int64_t next_index = 0;
+  std::optional<PoissonArrivals> arrivals;
+  if (o.request_rate > 0) arrivals.emplace(o.request_rate, o.arrival_seed);
+  double last_arrival_s = 0;
   const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.duration_s));
+  const Clock::time_point deadline = after(start, o.duration_s);
   auto worker = [&]() {
     Client client(o);
     for (;;) {
-      const int64_t index = next_index.fetch_add(1);
-      if (o.duration_s > 0 ? Clock::now() >= deadline : index >= o.requests) break;
-      Result r = client.send(path, request_body(o, index));
+      int64_t index;
+      Clock::time_point arrival;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        index = next_index++;
+        const double offset = arrivals ? arrivals->next() : seconds_between(start, Clock::now());
+        arrival = after(start, offset);
+        if (o.duration_s > 0 ? arrival >= deadline : index >= o.requests) break;
+        last_arrival_s = std::max(last_arrival_s, offset);
+      }
+      std::this_thread::sleep_until(arrival);
+      const double start_delay = seconds_between(arrival, Clock::now());
+      Result r = client.send(path, request_body(o, index), arrival);
+      r.start_delay = start_delay;
       // A refused connection fails at once; pause so a dead server is not spun on.
       if (r.connection_error && o.duration_s > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       std::lock_guard<std::mutex> lock(mu);
@@ -468,10 +517,11 @@ int run_bench_serve(const std::vector<std::string>& args) {
   for (std::thread& t : threads) t.join();
   const double duration = seconds_between(start, Clock::now());
 
-  std::vector<double> ttft, itl, e2e;
+  std::vector<double> ttft, itl, e2e, start_delays;
   std::vector<std::string> error_samples;
   int64_t errors = 0, output_tokens = 0, prompt_tokens_sum = 0, prompt_tokens_n = 0;
   for (const Result& r : results) {
+    start_delays.push_back(r.start_delay);
     if (!r.ok) {
       ++errors;
       if (error_samples.size() < 5) error_samples.push_back(r.error);
@@ -504,7 +554,16 @@ int run_bench_serve(const std::vector<std::string>& args) {
               {"itl_s", summarize(itl, {50, 90, 99}, true)},
               {"e2e_s", summarize(e2e, {50, 99}, false)},
               {"prompt_tokens_mean",
-               prompt_tokens_n > 0 ? Json(double(prompt_tokens_sum) / double(prompt_tokens_n)) : Json(nullptr)}};
+               prompt_tokens_n > 0 ? Json(double(prompt_tokens_sum) / double(prompt_tokens_n)) : Json(nullptr)},
+              {"arrival", arrivals ? "poisson" : "closed"},
+              {"request_rate", arrivals ? Json(o.request_rate) : Json(nullptr)}};
+  if (arrivals) {
+    out["arrival_seed"] = o.arrival_seed;
+    out["last_arrival_s"] = last_arrival_s;
+    // Large delays mean every client was busy: the load was capped by
+    // --concurrency, not by the rate.
+    out["start_delay_s"] = summarize(start_delays, {50, 99}, true);
+  }
   std::printf("%s\n", out.dump(2).c_str());
   return errors == 0 ? 0 : 1;
 }

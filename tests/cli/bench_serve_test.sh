@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `lazykv bench-serve` against a real `lazykv serve` on loopback: a small load
-# run must complete every request with tokens and a measured TTFT, and a run
+# run must complete every request with tokens and a measured TTFT, an open-loop
+# run must follow its seeded arrival schedule, and a run
 # against a closed port must count every request as an error and exit 1.
 # Usage: bench_serve_test.sh LAZYKV_BINARY (needs LAZYKV_DEFAULT_MODEL; exit 77 skips).
 set -uo pipefail
@@ -74,13 +75,42 @@ if [ "$code" -eq 1 ]; then pass "rejected requests exit 1"; else fail "rejected 
 check "rejected requests are errors with their status" "$tmp/rejected.json" \
   'd["errors"] == 2 and d["error_samples"][0].startswith("HTTP 400")'
 
+check "closed loop by default" "$tmp/run.json" 'd["arrival"] == "closed" and d["request_rate"] is None'
+
+# Open loop: Poisson arrivals at 4 requests/s from a seed. The run cannot end
+# before its last arrival, and the same seed gives the same schedule (checked
+# against a closed port, where the schedule is all that is left).
+"$lazykv" bench-serve --url "$url" --model "$model" --concurrency 2 --requests 6 --max-tokens 4 \
+  --request-rate 4 --arrival-seed 7 >"$tmp/open.json" 2>"$tmp/open.err"
+code=$?
+if [ "$code" -eq 0 ]; then pass "open loop exit 0"; else fail "open loop exit $code: $(head -c 600 "$tmp/open.err")"; fi
+check "open loop: 6 requests, no errors" "$tmp/open.json" 'd["requests"] == 6 and d["errors"] == 0'
+check "open loop: Poisson at 4/s" "$tmp/open.json" 'd["arrival"] == "poisson" and d["request_rate"] == 4 and d["arrival_seed"] == 7'
+check "open loop: requests paced by their arrivals" "$tmp/open.json" \
+  'd["last_arrival_s"] > 0 and d["duration_s"] >= d["last_arrival_s"] and d["e2e_s"]["p99"] > 0'
+check "open loop: start delays measured" "$tmp/open.json" \
+  'd["start_delay_s"]["p50"] >= 0 and d["start_delay_s"]["p99"] >= d["start_delay_s"]["p50"]'
+closed_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+for seed in 7 8; do
+  "$lazykv" bench-serve --url "http://127.0.0.1:$closed_port" --model "$model" --concurrency 2 --requests 6 \
+    --request-rate 4 --arrival-seed "$seed" >"$tmp/schedule$seed.json" 2>/dev/null
+done
+if /usr/bin/python3 - "$tmp/open.json" "$tmp/schedule7.json" "$tmp/schedule8.json" <<'PY'
+import json, sys
+a, same, other = (json.load(open(f))["last_arrival_s"] for f in sys.argv[1:])
+sys.exit(0 if a == same and a != other else 1)
+PY
+then pass "open loop: a seed fixes the schedule"; else fail "open loop schedules: $(cat "$tmp/schedule7.json" | head -c 300)"; fi
+
 # Bad flags exit 2.
 "$lazykv" bench-serve --url "$url" --concurrency 0 >/dev/null 2>&1
 code=$?
 if [ "$code" -eq 2 ]; then pass "bad flag exit 2"; else fail "bad flag exit $code, expected 2"; fi
+"$lazykv" bench-serve --url "$url" --request-rate -1 >/dev/null 2>&1
+code=$?
+if [ "$code" -eq 2 ]; then pass "negative request rate exit 2"; else fail "negative request rate exit $code, expected 2"; fi
 
 # A closed port: every request is a connection error, exit 1.
-closed_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$lazykv" bench-serve --url "http://127.0.0.1:$closed_port" --model "$model" --concurrency 2 --requests 4 \
   >"$tmp/closed.json" 2>/dev/null
 code=$?
