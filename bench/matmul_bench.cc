@@ -1,5 +1,6 @@
 // matmul throughput on the default model's shapes (SmolLM2-135M: hidden 576,
-// MLP 1536, vocabulary 49152). bytes_per_second counts the weight bytes read
+// MLP 1536, vocabulary 49152), other weight types, and the optional 1.5B
+// model's MLP. bytes_per_second counts the weight bytes read
 // per call, to compare with memory bandwidth (decode is memory-bound);
 // FLOP/s counts 2·rows·cols·batch per call (prefill is compute-bound).
 //   matmul_bench --benchmark_format=json
@@ -96,13 +97,25 @@ void OtherTypes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "batch", "threads", "int8"});
   for (int64_t precision : {0, 1}) {
     for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kF16, DType::kBF16, DType::kF32}) {
-      for (int64_t batch : {1, 64}) b->Args({id(t), 1536, 768, batch, 2, precision});
+      for (int64_t batch : {1, 8, 64}) b->Args({id(t), 1536, 768, batch, 2, precision});
+    }
+  }
+}
+
+// Qwen2.5-1.5B (the optional model, Q4_K_M): hidden 1536, MLP 8960.
+void LargerModelShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "batch", "threads", "int8"});
+  for (int64_t precision : {0, 1}) {
+    for (int64_t batch : {1, 8}) {
+      b->Args({id(DType::kQ4_K), 8960, 1536, batch, 2, precision});  // MLP gate/up
+      b->Args({id(DType::kQ6_K), 1536, 8960, batch, 2, precision});  // MLP down
     }
   }
 }
 
 BENCHMARK(BM_Matmul)->Apply(DefaultModelShapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Matmul)->Name("BM_MatmulOtherTypes")->Apply(OtherTypes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Matmul)->Name("BM_MatmulLargerModel")->Apply(LargerModelShapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace lazykv::cpu

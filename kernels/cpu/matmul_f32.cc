@@ -5,8 +5,9 @@
 //
 // - Few tokens (decode): each weight row is streamed once and dequantized in
 //   registers block by block, then multiplied with every token's activations
-//   (fused for Q4_0, Q4_1 and Q8_0; other types dequantize one row into the
-//   thread's buffer first). Memory-bound, like the weights' bytes.
+//   (fused for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; F16 and BF16 rows are
+//   dequantized into the thread's buffer first). Memory-bound, like the
+//   weights' bytes.
 // - Many tokens (prefill): a panel of kPanelRows rows is dequantized and
 //   transposed into the thread's buffer ([cols][kPanelRows] f32), then an
 //   outer-product micro-kernel multiplies it with kTileTokens tokens at a time
@@ -17,12 +18,17 @@
 // 64-byte vectors are passed between internal (inlined) functions only, so
 // the ABI note GCC gives for them on targets without AVX-512 does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
+// GCC 12 reports its own intrinsics' _mm512_undefined_*() operands as
+// uninitialized once they are inlined into the K-quant unit decoders.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "common/fp16.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_internal.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -108,62 +114,141 @@ inline v16f int8_to_float(const int8_t* q) {
 #endif
 }
 
-// One Q4_0/Q4_1/Q8_0 block dequantized to 32 floats in two vectors.
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+// 16 bytes widened to 16 int32 lanes.
+inline v16i bytes_to_i32(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return v16i(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i parts[2] = {_mm256_cvtepu8_epi32(bytes), _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))};
+  v16i v;
+  std::memcpy(&v, parts, 64);
+  return v;
+#else
+  v16i v;
+  for (int i = 0; i < 16; ++i) v[i] = p[i];
+  return v;
+#endif
+}
+
+// The fused formats are dequantized in registers one unit at a time: a unit
+// is a whole number of 16-float vectors in element order.
 template <DType kType>
-inline void block_to_float(const uint8_t* row, int64_t b, v16f& lo, v16f& hi) {
+constexpr int kUnitElements = kType == DType::kQ4_K ? 64 : kType == DType::kQ6_K ? 128 : 32;
+
+// Types with a fused kernel; other types are dequantized into a row buffer.
+bool is_fused_type(DType type) {
+  return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0 || type == DType::kQ4_K ||
+         type == DType::kQ6_K;
+}
+
+// Unit u of a weight row as floats: w[i] holds elements u * kUnitElements + 16 i ...
+// + 15, with the values of dequantize_row (up to the rounding of a fused
+// multiply-add where that formula multiplies and then adds).
+template <DType kType>
+inline void unit_to_float(const uint8_t* row, int64_t u, v16f* w) {
   if constexpr (kType == DType::kQ8_0) {
-    const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+    const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + u;
     const float d = fp16_to_fp32(blk->d);
-    lo = int8_to_float(blk->qs) * d;
-    hi = int8_to_float(blk->qs + 16) * d;
-  } else {
+    w[0] = int8_to_float(blk->qs) * d;
+    w[1] = int8_to_float(blk->qs + 16) * d;
+  } else if constexpr (kType == DType::kQ4_0 || kType == DType::kQ4_1) {
     const uint8_t* qs;
     float d, m;
     if constexpr (kType == DType::kQ4_1) {
-      const auto* blk = reinterpret_cast<const BlockQ4_1*>(row) + b;
+      const auto* blk = reinterpret_cast<const BlockQ4_1*>(row) + u;
       qs = blk->qs;
       d = fp16_to_fp32(blk->d);
       m = fp16_to_fp32(blk->m);
     } else {
-      const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+      const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + u;
       qs = blk->qs;
       d = fp16_to_fp32(blk->d);
       m = -8.0f * d;
     }
-    nibbles_to_float(qs, lo, hi);
-    lo = lo * d + m;
-    hi = hi * d + m;
+    nibbles_to_float(qs, w[0], w[1]);
+    w[0] = w[0] * d + m;
+    w[1] = w[1] * d + m;
+  } else if constexpr (kType == DType::kQ4_K) {
+    // Unit = one 64-element group of a super-block: sub-block 2g in the low
+    // nibbles of its 32 bytes, sub-block 2g + 1 in the high nibbles.
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(row) + u / 4;
+    const int group = int(u % 4);
+    int sc_lo, m_lo, sc_hi, m_hi;
+    q4k_scale_min(2 * group, blk->scales, sc_lo, m_lo);
+    q4k_scale_min(2 * group + 1, blk->scales, sc_hi, m_hi);
+    const float d = fp16_to_fp32(blk->d), dmin = fp16_to_fp32(blk->dmin);
+    const float d_lo = d * float(sc_lo), min_lo = dmin * float(m_lo);
+    const float d_hi = d * float(sc_hi), min_hi = dmin * float(m_hi);
+    const uint8_t* q = blk->qs + 32 * group;
+    nibbles_to_float(q, w[0], w[2]);
+    nibbles_to_float(q + 16, w[1], w[3]);
+    w[0] = w[0] * d_lo - min_lo;
+    w[1] = w[1] * d_lo - min_lo;
+    w[2] = w[2] * d_hi - min_hi;
+    w[3] = w[3] * d_hi - min_hi;
+  } else {
+    static_assert(kType == DType::kQ6_K);
+    // Unit = one 128-element half of a super-block. Element 32 q + k (quarter
+    // q, k < 32) takes 4 low bits from ql (byte k for q = 0, 2; byte 32 + k for
+    // q = 1, 3; low nibble for q < 2) and 2 high bits from qh[k] >> 2q; its
+    // sub-block of 16 is 2q + k / 16, which is also its vector index here.
+    const auto* blk = reinterpret_cast<const BlockQ6_K*>(row) + u / 2;
+    const int half = int(u % 2);
+    const uint8_t* ql = blk->ql + 64 * half;
+    const uint8_t* qh = blk->qh + 32 * half;
+    const int8_t* sc = blk->scales + 8 * half;
+    const float d = fp16_to_fp32(blk->d);
+    for (int k0 = 0; k0 < 2; ++k0) {
+      const v16i a = bytes_to_i32(ql + 16 * k0), c = bytes_to_i32(ql + 32 + 16 * k0), h = bytes_to_i32(qh + 16 * k0);
+      const v16i quant[4] = {(a & 15) | ((h & 3) << 4), (c & 15) | (((h >> 2) & 3) << 4),
+                             (a >> 4) | (((h >> 4) & 3) << 4), (c >> 4) | ((h >> 6) << 4)};
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        const int v = 2 * quarter + k0;
+        w[v] = (d * float(sc[v])) * __builtin_convertvector(quant[quarter] - 32, v16f);
+      }
+    }
   }
 }
 
-// Dot products of one weight row with NT f32 activation rows; the row's blocks
-// are dequantized in registers. With few tokens the FMA chains would be
-// latency-bound, so each token gets kChains independent accumulators.
+// Independent accumulators per token in the row kernels below: with one FMA
+// chain per token, few tokens would wait on FMA latency instead of memory.
+constexpr int chains_per_token(int n_tok) { return n_tok == 1 ? 4 : n_tok == 2 ? 2 : 1; }
+
+// Dot products of one weight row with NT f32 activation rows; the row is
+// dequantized in registers, a unit at a time, and each weight vector is used
+// for all NT tokens.
 template <DType kType, int NT>
 void fused_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out) {
-  constexpr int kChains = NT == 1 ? 4 : NT == 2 ? 2 : 1;
+  constexpr int kVectors = kUnitElements<kType> / 16;
+  constexpr int kChains = chains_per_token(NT);
+  constexpr int kUnitsPerStep = kVectors >= kChains ? 1 : kChains / kVectors;  // to feed every chain
   v16f acc[NT][kChains] = {};
-  const int64_t n_blocks = cols / 32;
-  int64_t b = 0;
-  if constexpr (kChains >= 2) {
-    for (; b + kChains / 2 <= n_blocks; b += kChains / 2) {
-      for (int c = 0; c < kChains / 2; ++c) {
-        v16f lo, hi;
-        block_to_float<kType>(row, b + c, lo, hi);
+  const int64_t n_units = cols / kUnitElements<kType>;
+  int64_t u = 0;
+  if constexpr (kChains > 1) {
+    for (; u + kUnitsPerStep <= n_units; u += kUnitsPerStep) {
+      for (int g = 0; g < kUnitsPerStep; ++g) {
+        v16f w[kVectors];
+        unit_to_float<kType>(row, u + g, w);
         for (int t = 0; t < NT; ++t) {
-          const float* xt = x + t * x_stride + (b + c) * 32;
-          acc[t][2 * c] += lo * load16(xt);
-          acc[t][2 * c + 1] += hi * load16(xt + 16);
+          const float* xt = x + t * x_stride + (u + g) * kUnitElements<kType>;
+          for (int i = 0; i < kVectors; ++i) acc[t][(g * kVectors + i) % kChains] += w[i] * load16(xt + 16 * i);
         }
       }
     }
   }
-  for (; b < n_blocks; ++b) {
-    v16f lo, hi;
-    block_to_float<kType>(row, b, lo, hi);
+  // One chain per token (enough of them with NT >= 3), and the units left over.
+  for (; u < n_units; ++u) {
+    v16f w[kVectors];
+    unit_to_float<kType>(row, u, w);
     for (int t = 0; t < NT; ++t) {
-      const float* xt = x + t * x_stride + b * 32;
-      acc[t][0] += lo * load16(xt) + hi * load16(xt + 16);
+      const float* xt = x + t * x_stride + u * kUnitElements<kType>;
+      v16f sum = w[0] * load16(xt);
+      for (int i = 1; i < kVectors; ++i) sum += w[i] * load16(xt + 16 * i);
+      acc[t][0] += sum;
     }
   }
   for (int t = 0; t < NT; ++t) {
@@ -173,30 +258,47 @@ void fused_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_strid
   }
 }
 
-template <DType kType>
-void fused_row_dispatch(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, int n_tok, float* out) {
-  switch (n_tok) {
-    case 1: fused_row<kType, 1>(row, cols, x, x_stride, out); break;
-    case 2: fused_row<kType, 2>(row, cols, x, x_stride, out); break;
-    case 3: fused_row<kType, 3>(row, cols, x, x_stride, out); break;
-    case 4: fused_row<kType, 4>(row, cols, x, x_stride, out); break;
-    case 5: fused_row<kType, 5>(row, cols, x, x_stride, out); break;
-    case 6: fused_row<kType, 6>(row, cols, x, x_stride, out); break;
-    case 7: fused_row<kType, 7>(row, cols, x, x_stride, out); break;
-    default: fused_row<kType, 8>(row, cols, x, x_stride, out); break;
+// Dot products of one f32 row (f32 weights, or a row of another type
+// dequantized into the thread's buffer) with NT activation rows: each weight
+// vector is loaded once for all NT tokens.
+template <int NT>
+void f32_row(const float* row, int64_t cols, const float* x, int64_t x_stride, float* out) {
+  constexpr int kChains = chains_per_token(NT);
+  v16f acc[NT][kChains] = {};
+  int64_t k = 0;
+  for (; k + 16 * kChains <= cols; k += 16 * kChains) {
+    for (int c = 0; c < kChains; ++c) {
+      const v16f w = load16(row + k + 16 * c);
+      for (int t = 0; t < NT; ++t) acc[t][c] += w * load16(x + t * x_stride + k + 16 * c);
+    }
+  }
+  for (; k + 16 <= cols; k += 16) {
+    const v16f w = load16(row + k);
+    for (int t = 0; t < NT; ++t) acc[t][0] += w * load16(x + t * x_stride + k);
+  }
+  for (int t = 0; t < NT; ++t) {
+    v16f sum = acc[t][0];
+    for (int c = 1; c < kChains; ++c) sum += acc[t][c];
+    float s = hsum(sum);
+    for (int64_t j = k; j < cols; ++j) s += row[j] * x[t * x_stride + j];
+    out[t] = s;
   }
 }
 
-// Dot products of one f32 row with n_tok activation rows.
-void f32_row(const float* row, int64_t cols, const float* x, int64_t x_stride, int n_tok, float* out) {
-  for (int t = 0; t < n_tok; ++t) {
-    const float* xt = x + t * x_stride;
-    v16f acc = {};
-    int64_t k = 0;
-    for (; k + 16 <= cols; k += 16) acc += load16(row + k) * load16(xt + k);
-    float s = hsum(acc);
-    for (; k < cols; ++k) s += row[k] * xt[k];
-    out[t] = s;
+// Calls f(std::integral_constant<int, n>) for n = n_tok in [1, kFusedMaxTokens],
+// so the row kernels get their token count at compile time.
+template <typename F>
+void with_token_count(int n_tok, F&& f) {
+  static_assert(kFusedMaxTokens == 8);
+  switch (n_tok) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
   }
 }
 
@@ -210,18 +312,22 @@ void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, cons
   float out[kFusedMaxTokens];
   for (int64_t r = r_begin; r < r_end; ++r) {
     const uint8_t* row = base + size_t(r) * stride;
-    const bool fused = w.type == DType::kQ4_0 || w.type == DType::kQ4_1 || w.type == DType::kQ8_0;
-    if (!fused && w.type != DType::kF32) dequantize_row(w.type, row, row_buf, cols);
+    if (!is_fused_type(w.type) && w.type != DType::kF32) dequantize_row(w.type, row, row_buf, cols);
     for (int t0 = 0; t0 < n_tok; t0 += kFusedMaxTokens) {
       const int nt = std::min(kFusedMaxTokens, n_tok - t0);
       const float* xc = x + int64_t(t0) * cols;
-      switch (w.type) {
-        case DType::kQ4_0: fused_row_dispatch<DType::kQ4_0>(row, cols, xc, cols, nt, out); break;
-        case DType::kQ4_1: fused_row_dispatch<DType::kQ4_1>(row, cols, xc, cols, nt, out); break;
-        case DType::kQ8_0: fused_row_dispatch<DType::kQ8_0>(row, cols, xc, cols, nt, out); break;
-        case DType::kF32: f32_row(reinterpret_cast<const float*>(row), cols, xc, cols, nt, out); break;
-        default: f32_row(row_buf, cols, xc, cols, nt, out); break;
-      }
+      with_token_count(nt, [&](auto n) {
+        constexpr int NT = decltype(n)::value;
+        switch (w.type) {
+          case DType::kQ4_0: fused_row<DType::kQ4_0, NT>(row, cols, xc, cols, out); break;
+          case DType::kQ4_1: fused_row<DType::kQ4_1, NT>(row, cols, xc, cols, out); break;
+          case DType::kQ8_0: fused_row<DType::kQ8_0, NT>(row, cols, xc, cols, out); break;
+          case DType::kQ4_K: fused_row<DType::kQ4_K, NT>(row, cols, xc, cols, out); break;
+          case DType::kQ6_K: fused_row<DType::kQ6_K, NT>(row, cols, xc, cols, out); break;
+          case DType::kF32: f32_row<NT>(reinterpret_cast<const float*>(row), cols, xc, cols, out); break;
+          default: f32_row<NT>(row_buf, cols, xc, cols, out); break;
+        }
+      });
       for (int t = 0; t < nt; ++t) y[int64_t(t0 + t) * w.rows + r] = out[t];
     }
   }
@@ -300,10 +406,11 @@ size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int n_threads) {
 
 void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, float* scratch, ThreadPool& pool) {
   const size_t per_thread = thread_floats(w.cols);
-  // Small batches of fused-type weights (batched decode) also stream rows:
-  // dequantizing in registers per 8 tokens beats packing panels up to here.
-  const bool fused_type = w.type == DType::kQ4_0 || w.type == DType::kQ4_1 || w.type == DType::kQ8_0;
-  if (batch <= kFusedMaxTokens || (fused_type && batch <= kFusedStreamMaxTokens)) {
+  // Small batches of the 32-element block types (batched decode) also stream
+  // rows: dequantizing in registers per 8 tokens beats packing panels up to
+  // here. (Not the K-quants: their panels were faster past 8 tokens.)
+  const bool streams = w.type == DType::kQ4_0 || w.type == DType::kQ4_1 || w.type == DType::kQ8_0;
+  if (batch <= kFusedMaxTokens || (streams && batch <= kFusedStreamMaxTokens)) {
     // Rows split evenly across threads.
     pool.run([&](int thread, int n_threads) {
       const int64_t begin = w.rows * thread / n_threads;
