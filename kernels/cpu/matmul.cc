@@ -41,11 +41,21 @@ void check_shape(const WeightMatrix& w) {
   }
 }
 
+// Whether this product runs on the f32 kernels. With int8 activations too for
+// K-quant weights past kFusedMaxTokens tokens (prefill): their integer dots
+// go one (row, token) pair at a time, and the f32 panels are about twice as
+// fast there (Qwen2.5-1.5B Q4_K_M prefill, docs/engine.md).
+bool runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
+  if (precision == ActivationPrecision::kF32) return true;
+  const bool k_quant = w.type == DType::kQ4_K || w.type == DType::kQ6_K;
+  return k_quant && batch > kFusedMaxTokens;
+}
+
 }  // namespace
 
 size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads, ActivationPrecision precision) {
   if (batch <= 0) return 0;
-  if (precision == ActivationPrecision::kF32) return matmul_f32_scratch_bytes(w, n_threads);
+  if (runs_f32(w, batch, precision)) return matmul_f32_scratch_bytes(w, n_threads);
   if (vec_dot_type(w.type) == DType::kF32) return 0;  // f32 activations are used in place
   return static_cast<size_t>(batch) * act_row_stride(w);
 }
@@ -54,7 +64,7 @@ void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void
             ActivationPrecision precision) {
   check_shape(w);
   if (batch <= 0 || w.rows == 0) return;  // also keeps the f32 kernels' token count in 1..
-  if (precision == ActivationPrecision::kF32) {
+  if (runs_f32(w, batch, precision)) {
     matmul_f32(w, x, batch, y, static_cast<float*>(scratch), pool);
     return;
   }
