@@ -152,7 +152,8 @@ class Client {
   explicit Client(const Options& o) : options_(o), stream_(ioc_) {}
 
   // Latencies count from `start`: the request's arrival, which in open loop
-  // may precede the moment a client was free to send it.
+  // may precede the moment a client was free to send it. A retry on a new
+  // connection keeps it, so the failed attempt's time counts too.
   Result send(const std::string& path, const std::string& body, Clock::time_point start) {
     for (int attempt = 0;; ++attempt) {
       const bool reused = connected_;
@@ -448,7 +449,9 @@ Options parse_options(const std::vector<std::string>& args, bool& help) {
   o.timeout_s = flags.get_double("timeout");
   if (o.timeout_s <= 0) throw bad("--timeout must be > 0");
   o.request_rate = flags.get_double("request-rate");
-  if (!(o.request_rate >= 0) || !std::isfinite(o.request_rate)) throw bad("--request-rate must be a finite number >= 0");
+  if (!std::isfinite(o.request_rate) || o.request_rate < 0 || (o.request_rate > 0 && o.request_rate < 1e-3)) {
+    throw bad("--request-rate must be 0 (closed loop) or from 0.001 to a finite number of requests per second");
+  }
   o.arrival_seed = uint64_t(flags.get_int("arrival-seed"));
   return o;
 }

@@ -13,6 +13,7 @@
 # llama-server is not part of lazykv: build it beside the project from a
 # llama.cpp checkout (cmake --build build --target llama-server).
 set -euo pipefail
+shopt -s inherit_errexit  # a failing bench-serve inside $(...) stops the script too
 lazykv=$1 llama=$2 model=$3
 threads=${THREADS:-2}
 levels=${CONCURRENCY:-"1 8 32"}

@@ -88,8 +88,15 @@ check "open loop: 6 requests, no errors" "$tmp/open.json" 'd["requests"] == 6 an
 check "open loop: Poisson at 4/s" "$tmp/open.json" 'd["arrival"] == "poisson" and d["request_rate"] == 4 and d["arrival_seed"] == 7'
 check "open loop: requests paced by their arrivals" "$tmp/open.json" \
   'd["last_arrival_s"] > 0 and d["duration_s"] >= d["last_arrival_s"] and d["e2e_s"]["p99"] > 0'
-check "open loop: start delays measured" "$tmp/open.json" \
-  'd["start_delay_s"]["p50"] >= 0 and d["start_delay_s"]["p99"] >= d["start_delay_s"]["p50"]'
+# One client against 50 arrivals a second: requests wait for it, and that
+# wait is part of their latency.
+"$lazykv" bench-serve --url "$url" --model "$model" --concurrency 1 --requests 6 --max-tokens 4 \
+  --request-rate 50 >"$tmp/queued.json" 2>"$tmp/queued.err"
+code=$?
+if [ "$code" -eq 0 ]; then pass "queued open loop exit 0"; else fail "queued open loop exit $code: $(head -c 600 "$tmp/queued.err")"; fi
+check "open loop: a busy client delays later arrivals" "$tmp/queued.json" 'd["start_delay_s"]["p99"] > 0.05'
+check "open loop: latency counts from arrival" "$tmp/queued.json" \
+  'd["e2e_s"]["p99"] >= d["start_delay_s"]["p99"] and d["ttft_s"]["p99"] >= d["start_delay_s"]["p99"]'
 closed_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 for seed in 7 8; do
   "$lazykv" bench-serve --url "http://127.0.0.1:$closed_port" --model "$model" --concurrency 2 --requests 6 \
@@ -106,9 +113,11 @@ then pass "open loop: a seed fixes the schedule"; else fail "open loop schedules
 "$lazykv" bench-serve --url "$url" --concurrency 0 >/dev/null 2>&1
 code=$?
 if [ "$code" -eq 2 ]; then pass "bad flag exit 2"; else fail "bad flag exit $code, expected 2"; fi
-"$lazykv" bench-serve --url "$url" --request-rate -1 >/dev/null 2>&1
-code=$?
-if [ "$code" -eq 2 ]; then pass "negative request rate exit 2"; else fail "negative request rate exit $code, expected 2"; fi
+for rate in -1 1e-9 nan; do
+  "$lazykv" bench-serve --url "$url" --request-rate "$rate" >/dev/null 2>&1
+  code=$?
+  if [ "$code" -eq 2 ]; then pass "request rate $rate exit 2"; else fail "request rate $rate exit $code, expected 2"; fi
+done
 
 # A closed port: every request is a connection error, exit 1.
 "$lazykv" bench-serve --url "http://127.0.0.1:$closed_port" --model "$model" --concurrency 2 --requests 4 \

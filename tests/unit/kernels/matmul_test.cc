@@ -92,7 +92,7 @@ TEST_P(MatmulTest, MatchesNaiveReference) {
   const int64_t cols = testing::is_k_quant(type) ? 512 : 96;
   uint32_t seed = 1;
   for (ActivationPrecision precision : kPrecisions) {
-    for (int64_t batch : {1, 3, 8, 9, 64}) {
+    for (int64_t batch : {1, 2, 3, 5, 8, 9, 64}) {
       for (int64_t rows : {1, 5, 37}) check_matmul(type, rows, cols, batch, threads, seed++, precision);
     }
   }
