@@ -53,7 +53,6 @@ class GlooGroup final : public TensorParallelGroup {
   int world_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> context_;
-  uint32_t next_tag_ = 1;
   std::string broken_;  // why the group is unusable; empty while it works
 };
 
