@@ -3,7 +3,7 @@
 function(lazykv_target name)
   # -Wno-maybe-uninitialized: GCC 12 reports false positives inside its own
   # AVX-512 intrinsic headers (_mm512_cvtph_ps, _mm512_extractf64x4_pd: the
-  # `__Y = __Y` idiom of _mm256_undefined_*); at -O1 (the sanitizer build) it
+  # `__Y = __Y` idiom of _mm256_undefined_*); in a GCC sanitizer build at -O1 it
   # reports the same as -Wuninitialized.
   target_compile_options(${name} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>

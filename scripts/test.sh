@@ -24,10 +24,12 @@ stage "Release: all tests"
 stage "ASan/UBSan (clang): unit tests"
 # One clang build serves the unit tests under ASan/UBSan and the libFuzzer
 # targets (project code instrumented for both): a third of the build time of
-# two separate builds.
+# two separate builds. -O0: the build is most of this stage, and at -O0 it
+# takes 5.8 min instead of about 9 on 2 cores, while the tests run 2.5 min
+# instead of 1 (8.3 min for the stage instead of 10).
 if [ ! -f build-san/CMakeCache.txt ]; then
   CC=clang CXX=clang++ cmake -S . -B build-san -DCMAKE_BUILD_TYPE=Debug -DLAZYKV_SANITIZE=ON -DLAZYKV_FUZZ=ON \
-    -DLAZYKV_CUDA=OFF -DLAZYKV_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" >/dev/null
+    -DLAZYKV_CUDA=OFF -DLAZYKV_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" >/dev/null
 fi
 cmake --build build-san -j"$jobs" --target unit_tests fuzz_targets >/dev/null ||
   cmake --build build-san -j1 --target unit_tests fuzz_targets
