@@ -108,8 +108,7 @@ int run_coordinator(const std::vector<std::string>& args) {
     for (auto& r : owned_ranks) {
       RemoteWorker* raw = r.get();
       group_ranks.push_back({raw->channel(), "worker " + raw->address()});
-      members.push_back({std::move(r), "worker " + raw->address(), [raw] { return raw->alive(); },
-                         [raw] { return raw->instance_id(); }});
+      members.push_back({std::move(r), "worker " + raw->address(), [raw] { return raw->instance_id(); }});
     }
     const auto tp_timeout = millis_flag(flags, "tp-timeout", 1000);
     auto form = [group_ranks, tp_timeout] {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <thread>
 
@@ -15,6 +16,10 @@
 #include "coordinator/http/http_server.h"
 
 namespace lazykv {
+
+namespace {
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+}  // namespace
 
 void add_serving_flags(Flags& flags) {
   flags.add("served-model-name", "", "the model name clients send; default: the model file's name without .gguf")
@@ -44,11 +49,9 @@ ServiceConfig service_config_from_flags(const Flags& flags, const std::string& m
     service.model_id = p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
   }
   service.default_policy = policy_from_flags(flags);
-  service.limits.max_tokens_cap = int32_t(flags.get_int("max-tokens-cap"));
-  service.limits.max_n = int(flags.get_int("max-n"));
-  if (service.limits.max_n < 1) throw Error(ErrorCode::kInvalidArgument, "--max-n must be >= 1");
-  const int64_t per_key = flags.get_int("max-concurrent-per-key");
-  if (per_key < 0) throw Error(ErrorCode::kInvalidArgument, "--max-concurrent-per-key must be >= 0");
+  service.limits.max_tokens_cap = int32_t(flags.get_int_in("max-tokens-cap", 0, kMaxInt32));
+  service.limits.max_n = int(flags.get_int_in("max-n", 1, kMaxInt32));
+  const int64_t per_key = flags.get_int_in("max-concurrent-per-key", 0, kMaxInt32);
   if (per_key > 0) service.key_limiter = std::make_shared<KeyLimiter>(int(per_key));
   for (const std::string& key : flags.get_all("api-key")) {
     if (!key.empty()) service.api_keys.push_back(key);
@@ -60,9 +63,9 @@ ServiceConfig service_config_from_flags(const Flags& flags, const std::string& m
 
 SchedulerOptions scheduler_options_from_flags(const Flags& flags) {
   SchedulerOptions options;
-  options.max_batch = int(flags.get_int("max-batch"));
-  options.max_waiting = int(flags.get_int("max-waiting"));
-  options.max_prefill_tokens = int32_t(flags.get_int("max-prefill-tokens"));
+  options.max_batch = int(flags.get_int_in("max-batch", 1, kMaxInt32));
+  options.max_waiting = int(flags.get_int_in("max-waiting", 1, kMaxInt32));
+  options.max_prefill_tokens = int32_t(flags.get_int_in("max-prefill-tokens", 1, kMaxInt32));
   return options;
 }
 
@@ -76,12 +79,11 @@ void add_local_worker_flags(Flags& flags) {
 }
 
 LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer) {
-  const int64_t kv_mib = flags.get_int("kv-cache-mib");
-  if (kv_mib < 1) throw Error(ErrorCode::kInvalidArgument, "--kv-cache-mib must be >= 1");
+  const int64_t kv_mib = flags.get_int_in("kv-cache-mib", 1, int64_t(1) << 30);  // up to 1 PiB
   configure_tiers_from_flags(flags);
   LocalWorkerOptions options;
-  options.threads = int(flags.get_int("threads"));
-  options.n_ctx = int32_t(flags.get_int("ctx"));
+  options.threads = int(flags.get_int_in("threads", 0, 4096));
+  options.n_ctx = int32_t(flags.get_int_in("ctx", 0, kMaxInt32));
   options.n_vocab = tokenizer.n_vocab();
   options.kv_capacity_bytes = size_t(kv_mib) << 20;
   options.precision = parse_activations(flags.get("activations"));
@@ -116,12 +118,8 @@ sigset_t block_termination_signals() {
 
 int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, Scheduler& scheduler,
                        metrics::Registry& registry, const ServiceConfig& service, const ServeOptions& options) {
-  const int64_t port = flags.get_int("port");
-  if (port < 0 || port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in [0, 65535]");
-  const int64_t grpc_port = flags.get_int("grpc-port");
-  if (grpc_port < -1 || grpc_port > 65535) {
-    throw Error(ErrorCode::kInvalidArgument, "--grpc-port must be -1 (off) or in [0, 65535]");
-  }
+  const int64_t port = flags.get_int_in("port", 0, 65535);
+  const int64_t grpc_port = flags.get_int_in("grpc-port", -1, 65535);  // -1: off
   const double drain_seconds = flags.get_double("drain-seconds");
   if (drain_seconds < 0) throw Error(ErrorCode::kInvalidArgument, "--drain-seconds must be >= 0");
   const char* role = options.role.c_str();
@@ -132,7 +130,7 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   http::ServerOptions http_options;
   http_options.host = flags.get("host");
   http_options.port = uint16_t(port);
-  http_options.max_body_bytes = size_t(flags.get_int("max-body-bytes"));
+  http_options.max_body_bytes = size_t(flags.get_int_in("max-body-bytes", 1, int64_t(1) << 40));
   http_options.error_body = [](int status, const std::string& message) {
     return api::error_body(api::ApiError(status, status >= 500 ? "server_error" : "invalid_request_error", message));
   };

@@ -69,7 +69,9 @@ int run_worker(const std::vector<std::string>& args) {
                    membership.joins());
     };
   }
-  WorkerService service(worker, [&worker] { return int64_t(worker.n_sequences()); }, join);
+  WorkerService service(worker, {.sequences = [&worker] { return int64_t(worker.n_sequences()); },
+                                 .release_all = [&worker] { worker.release_all(); },
+                                 .join = join});
   GrpcServer server(host, port, service, WorkerService::kServiceName, kMaxWorkerMessageBytes);
   const int bound_port = server.port();
 

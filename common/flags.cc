@@ -106,6 +106,16 @@ int64_t Flags::get_int(const std::string& name) const {
   throw Error(ErrorCode::kInvalidArgument, "--" + name + " expects an integer, got '" + v + "'");
 }
 
+int64_t Flags::get_int_in(const std::string& name, int64_t lo, int64_t hi) const {
+  const int64_t x = get_int(name);
+  if (x < lo || x > hi) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--" + name + " must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " +
+                    std::to_string(x));
+  }
+  return x;
+}
+
 double Flags::get_double(const std::string& name) const {
   const std::string& v = get(name);
   try {

@@ -29,6 +29,8 @@ class Flags {
   const std::string& get(const std::string& name) const;
   bool is_set(const std::string& name) const;  // given on the command line or environment
   int64_t get_int(const std::string& name) const;
+  // get_int, and an error naming the flag when the value is outside [lo, hi].
+  int64_t get_int_in(const std::string& name, int64_t lo, int64_t hi) const;
   double get_double(const std::string& name) const;
   bool get_bool(const std::string& name) const;
   // All values of a flag given several times (e.g. --stop).

@@ -84,6 +84,10 @@ class StepExecutor {
   // Never throws for a bad sequence (it is reported in `failed` and dropped);
   // throws lazykv::Error only when the worker itself is broken or unreachable.
   virtual StepResult step(const StepPlan& plan) = 0;
+  // False while the worker is known to be down (declared dead after missed
+  // heartbeats): the scheduler then fails queued sequences at once instead of
+  // keeping them for a retry.
+  virtual bool alive() const { return true; }
 };
 
 }  // namespace lazykv

@@ -12,6 +12,10 @@ namespace lazykv {
 using Clock = std::chrono::steady_clock;
 // After a worker failure, how long until the next attempt.
 constexpr auto kWorkerRetryDelay = std::chrono::milliseconds(100);
+// Times a sequence goes back to the queue because the step that would have
+// started it failed; then it fails too, so a request that crashes the worker
+// cannot crash every restart of it.
+constexpr int kMaxStartRetries = 3;
 
 struct Scheduler::Sequence {
   Sequence(uint64_t id, SequenceRequest r, std::shared_ptr<SequenceStream> stream, const Tokenizer& tokenizer)
@@ -27,6 +31,7 @@ struct Scheduler::Sequence {
   bool prefilled = false;  // its prompt (plus generated tokens, after a preemption) is cached
   int32_t prompt_fed = 0;  // of those, tokens prefilled so far (chunked prefill)
   bool counted = false;    // prompt tokens counted in the metrics
+  int start_retries = 0;   // times put back in the queue by a failed step that would have started it
   bool done = false;
   Clock::time_point last_token{};
   // What the worker prefills: the prompt, plus what was generated before a preemption.
@@ -62,6 +67,10 @@ Scheduler::Scheduler(StepExecutor& worker, const Tokenizer& tokenizer, metrics::
     : worker_(worker), tokenizer_(tokenizer), metrics_(metrics), options_(options), info_(worker.info()) {
   if (options_.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--max-batch must be >= 1");
   if (options_.max_waiting < 1) throw Error(ErrorCode::kInvalidArgument, "--max-waiting must be >= 1");
+  // With no prompt tokens per step a prompt would never start, and the step thread would spin.
+  if (options_.max_prefill_tokens < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "--max-prefill-tokens must be >= 1");
+  }
   metrics_.gauge(metrics::kKvCapacityBytes, {"device"}).set(double(info_.kv_capacity_bytes));
   metrics_.gauge(metrics::kWorkerUp, {options_.worker_label}).set(1);
   thread_ = std::thread([this] { loop(); });
@@ -87,12 +96,7 @@ std::vector<SequenceHandle> Scheduler::submit(std::vector<SequenceRequest> reque
                                                    std::to_string(info_.kv_capacity_bytes));
     }
   }
-  if (requests.size() > size_t(options_.max_waiting)) {
-    // It could never fit the queue: retrying would not help.
-    throw Error(ErrorCode::kInvalidArgument, "the request asks for " + std::to_string(requests.size()) +
-                                                 " sequences (prompts times n); the server queues at most " +
-                                                 std::to_string(options_.max_waiting));
-  }
+  check_fits_queue(requests.size());
   std::vector<SequenceHandle> handles;
   {
     std::lock_guard lock(mutex_);
@@ -112,6 +116,14 @@ std::vector<SequenceHandle> Scheduler::submit(std::vector<SequenceRequest> reque
   metrics_.gauge(metrics::kRequestsWaiting).set(double(waiting_count_.load()));
   wake_.notify_all();
   return handles;
+}
+
+void Scheduler::check_fits_queue(size_t n) const {
+  if (n <= size_t(options_.max_waiting)) return;
+  // It could never fit the queue: retrying would not help.
+  throw Error(ErrorCode::kInvalidArgument, "the request asks for " + std::to_string(n) +
+                                               " sequences (prompts times n); the server queues at most " +
+                                               std::to_string(options_.max_waiting));
 }
 
 void Scheduler::cancel(uint64_t id) {
@@ -187,7 +199,11 @@ void Scheduler::admit(StepPlan& plan) {
   int32_t pending_prefill = 0;  // prompt tokens not yet cached
   size_t bytes = kv_bytes_;
   for (const auto& seq : running_) {
-    if (!seq->prefilled) pending_prefill += seq->feed_size() - seq->prompt_fed;
+    if (seq->prefilled) continue;
+    pending_prefill += seq->feed_size() - seq->prompt_fed;
+    // The KV its prompt has still to take: kv_bytes_ holds only the chunks fed so far.
+    bytes += kv_bytes_for(info_, seq->request.policy, size_t(seq->feed_size()) + 1) -
+             kv_bytes_for(info_, seq->request.policy, size_t(seq->prompt_fed));
   }
   while (!waiting_.empty() && int(running_.size()) < options_.max_batch) {
     Sequence& next = *waiting_.front();
@@ -290,10 +306,27 @@ bool Scheduler::step_once() {
   try {
     result = worker_.step(plan);
   } catch (const std::exception& e) {
-    // The worker is broken: every running sequence ends with a clear error;
-    // the queue goes on (the next step may succeed). The releases are sent
-    // again with the next plan, so a worker that recovers frees that KV.
-    for (auto& seq : running_) finish(*seq, "error", std::string("the worker failed: ") + e.what(), true);
+    // The worker is broken: every sequence that ran on it ends with a clear
+    // error. Those this plan would have started never ran: they go back to
+    // the head of the queue, in order, for the next step (which may succeed),
+    // unless the worker is declared dead or they were put back too often.
+    // The releases are sent again with the next plan, so a worker that
+    // recovers frees that KV.
+    std::unordered_set<SeqId> starting;
+    for (const SequenceStart& s : plan.start) starting.insert(s.seq);
+    const bool retry = worker_.alive();
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+      Sequence& seq = **it;
+      if (retry && starting.count(SeqId(seq.id)) > 0 && seq.start_retries < kMaxStartRetries) {
+        ++seq.start_retries;
+        seq.started = false;
+        seq.prefilled = false;
+        seq.prompt_fed = 0;
+        waiting_.push_front(std::move(*it));
+      } else {
+        finish(seq, "error", std::string("the worker failed: ") + e.what(), true);
+      }
+    }
     running_.clear();
     pending_release_.insert(pending_release_.end(), plan.release.begin(), plan.release.end());
     for (const SequenceStart& s : plan.start) pending_release_.push_back(s.seq);

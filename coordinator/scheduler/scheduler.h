@@ -12,6 +12,11 @@
 // few thousand tokens costs less than an eviction-visible swap. With an
 // evicting policy the recomputed cache is rebuilt from the new prompt, so the
 // continuation can differ from an uninterrupted run; full KV is exact.
+//
+// A step that throws (the worker broke) ends the sequences that ran on it
+// with an error; those it would have started never ran and go back to the
+// head of the queue (3 times at most), unless the worker is declared dead
+// (StepExecutor::alive()), when they fail at once too.
 #pragma once
 
 #include <atomic>
@@ -72,6 +77,9 @@ class Scheduler {
   // beyond the context, a prompt larger than the whole KV capacity) and
   // Error(kUnavailable) when the queue is full or the scheduler is draining.
   std::vector<SequenceHandle> submit(std::vector<SequenceRequest> requests);
+  // Throws Error(kInvalidArgument) when `n` sequences submitted together could
+  // never fit the queue, so callers can refuse before building them.
+  void check_fits_queue(size_t n) const;
   // Ends a waiting or running sequence with finish_reason "cancelled" and
   // frees its KV at the next step. Unknown or finished ids are ignored.
   void cancel(uint64_t id);

@@ -1,18 +1,9 @@
 #include "coordinator/server/sequence_builder.h"
 
-#include <random>
-
 #include "common/error.h"
+#include "common/random.h"
 
 namespace lazykv {
-namespace {
-
-uint64_t random_seed() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return rng();
-}
-
-}  // namespace
 
 std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const Tokenizer& tokenizer,
                                            const api::GenerationRequest& request, size_t index) {
@@ -69,7 +60,7 @@ std::vector<SequenceRequest> make_sequences(const api::GenerationRequest& reques
     s.sampling.top_p = request.top_p;
     s.sampling.top_k = request.top_k;
     s.sampling.min_p = request.min_p;
-    s.sampling.seed = request.seed ? *request.seed + uint64_t(first_choice + size_t(j)) : random_seed();
+    s.sampling.seed = request.seed ? *request.seed + uint64_t(first_choice + size_t(j)) : random_u64();
     s.policy = request.kv_policy ? *request.kv_policy : config.default_policy;
     s.top_logprobs = request.logprobs ? request.top_logprobs : -1;
     s.stop = request.stop;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/metrics/metric_names.h"
+#include "common/random.h"
 #include "worker/service/step_codec.h"
 #include "worker/service/worker_service.h"
 
@@ -60,7 +61,7 @@ bool same_shape(const WorkerInfo& a, const WorkerInfo& b) {
 }  // namespace
 
 RemoteWorker::RemoteWorker(const std::string& address, const RemoteWorkerOptions& options)
-    : address_(address), options_(options) {
+    : address_(address), options_(options), session_(random_u64() | 1) {
   const size_t colon = address_.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address_.size()) {
     throw Error(ErrorCode::kInvalidArgument, "worker address '" + address_ + "' is not HOST:PORT");
@@ -144,6 +145,7 @@ StepResult RemoteWorker::step(const StepPlan& plan) {
 
   pb::StepPlan request;
   rpc::to_proto(plan, &request);
+  request.set_session(session_);
   std::vector<SeqId> deferred;
   {
     std::lock_guard lock(mutex_);
@@ -167,11 +169,20 @@ StepResult RemoteWorker::step(const StepPlan& plan) {
   };
   const bool reused = stub_->steps != nullptr;
   if (!reused) open_stream();
+  bool declared_dead = false;
   {
     std::lock_guard lock(mutex_);
     in_flight_ = stub_->steps_context.get();
     step_deadline_ = Clock::now() + options_.step_timeout;
     step_timed_out_ = false;
+    // Declared dead since the check above: set_alive found no step to cancel,
+    // and a hung worker would hold this one until its deadline.
+    declared_dead = !alive_;
+    if (declared_dead) in_flight_ = nullptr;
+  }
+  if (declared_dead) {
+    if (release_only) return defer();
+    throw unavailable(dead_reason);
   }
   wake_.notify_all();  // the heartbeat thread watches the deadline
   bool written = stub_->steps->Write(request);

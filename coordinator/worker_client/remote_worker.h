@@ -62,7 +62,7 @@ class RemoteWorker final : public StepExecutor {
   // retrying them does not spin against a dead worker.
   StepResult step(const StepPlan& plan) override;
 
-  bool alive() const { return alive_.load(); }
+  bool alive() const override { return alive_.load(); }
   const std::string& address() const { return address_; }
   uint64_t instance_id() const { return instance_id_.load(); }  // the worker process's, from heartbeats
   // The connection, for calls beside the step protocol (JoinGroup).
@@ -77,6 +77,7 @@ class RemoteWorker final : public StepExecutor {
 
   const std::string address_;
   const RemoteWorkerOptions options_;
+  const uint64_t session_;  // sent with every plan: a worker drops what an earlier session left behind
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;
   WorkerInfo info_;

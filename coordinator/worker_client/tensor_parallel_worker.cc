@@ -84,9 +84,13 @@ void TensorParallelWorker::regroup_if_needed(const StepPlan& plan) {
   }
 }
 
+bool TensorParallelWorker::alive() const {
+  return std::all_of(ranks_.begin(), ranks_.end(), [](const TensorParallelRank& r) { return r.executor->alive(); });
+}
+
 StepResult TensorParallelWorker::step(const StepPlan& plan) {
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    if (ranks_[r].alive && !ranks_[r].alive()) {
+    if (!ranks_[r].executor->alive()) {
       // Starting the others would leave them waiting for this one in their all-reduce.
       throw Error(ErrorCode::kUnavailable,
                   ranks_[r].name + " (tensor-parallel rank " + std::to_string(r) + ") is down");

@@ -26,7 +26,6 @@ namespace lazykv {
 struct TensorParallelRank {
   std::unique_ptr<StepExecutor> executor;
   std::string name;                // in errors: "worker HOST:PORT"
-  std::function<bool()> alive;     // optional: false skips the step at once (no rank starts it)
   std::function<uint64_t()> instance;  // optional: the rank's process (heartbeats); a change means it restarted
 };
 
@@ -44,6 +43,8 @@ class TensorParallelWorker final : public StepExecutor {
   // The rank whose KV cache fills first (most KV heads for its capacity, rank
   // 0 when equal), so admission by these numbers fits every rank.
   WorkerInfo info() const override { return info_; }
+  // Every rank alive; a step with one down fails at once (no rank starts it).
+  bool alive() const override;
   // Throws Error(kUnavailable) naming every failed rank.
   StepResult step(const StepPlan& plan) override;
   size_t world() const { return ranks_.size(); }

@@ -2,10 +2,10 @@
 
 #include <chrono>
 #include <cstdio>
-#include <random>
 
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
+#include "common/random.h"
 #include "kvstore/protocol/data_protocol.h"
 
 namespace lazykv::kvstore {
@@ -13,11 +13,6 @@ namespace {
 
 namespace pb = ::lazykv::kvstore::v1;
 using Clock = std::chrono::steady_clock;
-
-uint64_t random_instance_id() {
-  std::random_device device;
-  return (uint64_t(device()) << 32) ^ device();
-}
 
 const char* op_name(uint32_t op) {
   switch (op) {
@@ -48,7 +43,7 @@ std::vector<uint8_t> reply_header(const std::string& message) {
 }  // namespace
 
 KvstoreService::KvstoreService(KvstoreServiceOptions options, metrics::Registry* metrics)
-    : options_(std::move(options)), metrics_(metrics), instance_id_(random_instance_id()) {
+    : options_(std::move(options)), metrics_(metrics), instance_id_(random_u64()) {
   options_.tiers.metrics = metrics_;
   options_.transport.metrics = metrics_;
   tiers_ = std::make_unique<TierStore>(options_.tiers);

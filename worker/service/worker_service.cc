@@ -3,31 +3,20 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <random>
 #include <thread>
 
 #include "common/error.h"
+#include "common/random.h"
 #include "worker/service/relay_store.h"
 #include "worker/service/step_codec.h"
 
 namespace lazykv {
 
-namespace {
-
-uint64_t random_instance_id() {
-  std::random_device device;
-  return (uint64_t(device()) << 32) ^ uint64_t(device()) ^
-         uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
-}
-
-}  // namespace
-
-WorkerService::WorkerService(StepExecutor& executor, std::function<int64_t()> sequences, JoinGroupFn join)
+WorkerService::WorkerService(StepExecutor& executor, WorkerServiceHooks hooks)
     : executor_(executor),
-      sequences_fn_(std::move(sequences)),
-      join_(std::move(join)),
+      hooks_(std::move(hooks)),
       info_(executor.info()),
-      instance_id_(random_instance_id()),
+      instance_id_(random_u64()),
       started_(std::chrono::steady_clock::now()) {}
 
 grpc::Status WorkerService::Info(grpc::ServerContext*, const ::lazykv::worker::v1::InfoRequest*,
@@ -72,8 +61,14 @@ grpc::Status WorkerService::run_step(const ::lazykv::worker::v1::StepPlan& reque
   StepResult result;
   try {
     std::lock_guard lock(step_mutex_);
+    if (request.session() != 0 && request.session() != session_) {
+      // A new coordinator: the sequences of the last one would hold KV memory
+      // forever, and its ids would collide with the new one's.
+      if (session_ != 0 && hooks_.release_all) hooks_.release_all();
+      session_ = request.session();
+    }
     result = executor_.step(plan);
-    if (sequences_fn_) sequences_ = sequences_fn_();
+    if (hooks_.sequences) sequences_ = hooks_.sequences();
   } catch (const Error& e) {
     // The executor itself is broken (or a rank has no group yet); the
     // coordinator ends the running sequences.
@@ -108,7 +103,7 @@ grpc::Status WorkerService::JoinGroup(
   const pb::GroupJoin& join = first.join();
   const std::string self =
       "rank " + std::to_string(info_.rank) + " of " + std::to_string(info_.world) + " (lazykv worker --rank --world)";
-  if (!join_ || info_.world <= 1) {
+  if (!hooks_.join || info_.world <= 1) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this worker is not a tensor-parallel rank (started with --world 1)");
   }
@@ -164,8 +159,8 @@ grpc::Status WorkerService::JoinGroup(
   });
   grpc::Status status = grpc::Status::OK;
   try {
-    join_(timeout, store);
-    if (sequences_fn_) sequences_ = sequences_fn_();
+    hooks_.join(timeout, store);
+    if (hooks_.sequences) sequences_ = hooks_.sequences();
   } catch (const std::exception& e) {
     status = grpc::Status(grpc::StatusCode::UNAVAILABLE, self + " could not join its group: " + e.what());
   }

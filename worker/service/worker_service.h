@@ -28,14 +28,18 @@ namespace lazykv {
 // held. Throws Error when the group does not form within `timeout`.
 using JoinGroupFn = std::function<void(std::chrono::milliseconds timeout, gloo::rendezvous::Store& store)>;
 
+// What the service needs of the worker beside its StepExecutor; each optional.
+struct WorkerServiceHooks {
+  std::function<int64_t()> sequences;  // sequences held: read after each step (under the step lock) for Heartbeat
+  std::function<void()> release_all;   // drops every sequence: run when plans come from a new coordinator session
+  JoinGroupFn join;                    // on a tensor-parallel rank (the executor's info().world > 1)
+};
+
 class WorkerService final : public ::lazykv::worker::v1::Worker::Service {
  public:
-  // `sequences`, when given, is read after each step (under the step lock)
-  // and reported by Heartbeat. `join` is given on a tensor-parallel rank
-  // (the executor's info().world > 1).
   static constexpr const char* kServiceName = "lazykv.worker.v1.Worker";  // served with common/rpc/grpc_server.h
 
-  explicit WorkerService(StepExecutor& executor, std::function<int64_t()> sequences = {}, JoinGroupFn join = {});
+  explicit WorkerService(StepExecutor& executor, WorkerServiceHooks hooks = {});
 
   grpc::Status Info(grpc::ServerContext* context, const ::lazykv::worker::v1::InfoRequest* request,
                     ::lazykv::worker::v1::WorkerInfo* response) override;
@@ -56,12 +60,12 @@ class WorkerService final : public ::lazykv::worker::v1::Worker::Service {
   grpc::Status run_step(const ::lazykv::worker::v1::StepPlan& request, ::lazykv::worker::v1::StepResult* response);
 
   StepExecutor& executor_;
-  std::function<int64_t()> sequences_fn_;
-  JoinGroupFn join_;
+  const WorkerServiceHooks hooks_;
   const WorkerInfo info_;
   const uint64_t instance_id_;
   const std::chrono::steady_clock::time_point started_;
   std::timed_mutex step_mutex_;  // one step (or group formation) at a time
+  uint64_t session_ = 0;         // the coordinator session of the last plan (under step_mutex_)
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> sequences_{0};
 };

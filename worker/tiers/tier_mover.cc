@@ -1,9 +1,9 @@
 #include "worker/tiers/tier_mover.h"
 
 #include <cstdio>
-#include <random>
 
 #include "common/error.h"
+#include "common/random.h"
 #include "kvstore/client/kvstore_client.h"
 #include "kvstore/local_block_store.h"
 
@@ -69,6 +69,17 @@ bool TierMover::idle_locked() const {
   return true;
 }
 
+namespace {
+
+// A store that cannot be reached ends the tiers; any other failure (a bad
+// block, a failed allocation) is that op's alone.
+bool unreachable(const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  return error != nullptr && error->code() == ErrorCode::kUnavailable;
+}
+
+}  // namespace
+
 void TierMover::failed(const std::exception& e, bool fatal) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.failures;
@@ -97,8 +108,8 @@ bool TierMover::put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kv
                  std::lock_guard<std::mutex> lock(mutex_);
                  ++stats_.blocks_demoted;
                  stats_.bytes_demoted += payload->size();
-               } catch (const Error& e) {
-                 failed(e, e.code() == ErrorCode::kUnavailable);
+               } catch (const std::exception& e) {  // not only Error: bad_alloc must not end the thread
+                 failed(e, unreachable(e));
                }
              },
              size});
@@ -126,8 +137,8 @@ std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t byt
                    stats_.bytes_fetched += got;
                  }
                  fetch->finish(Fetch::State::kDone);
-               } catch (const Error& e) {
-                 failed(e, e.code() == ErrorCode::kUnavailable);
+               } catch (const std::exception& e) {
+                 failed(e, unreachable(e));
                  fetch->bytes_.clear();
                  fetch->finish(Fetch::State::kFailed, e.what());
                }
@@ -142,8 +153,8 @@ void TierMover::drop(const kvstore::BlockKey& key) {
                if (!available()) return;
                try {
                  store_->drop(key);
-               } catch (const Error& e) {
-                 failed(e, e.code() == ErrorCode::kUnavailable);
+               } catch (const std::exception& e) {
+                 failed(e, unreachable(e));
                }
              },
              0});
@@ -159,8 +170,8 @@ void TierMover::drop_sequence(uint64_t model_fingerprint, uint64_t sequence) {
                        if (waiting->fetch_sub(1) != 1 || !available()) return;
                        try {
                          store_->drop_sequence(model_fingerprint, sequence);
-                       } catch (const Error& e) {
-                         failed(e, e.code() == ErrorCode::kUnavailable);
+                       } catch (const std::exception& e) {
+                         failed(e, unreachable(e));
                        }
                      },
                      0});
@@ -269,10 +280,7 @@ uint64_t next_tier_sequence() {
 }
 
 uint64_t process_fingerprint() {
-  static const uint64_t fingerprint = [] {
-    std::random_device device;
-    return (uint64_t(device()) << 32) ^ device();
-  }();
+  static const uint64_t fingerprint = random_u64();
   return fingerprint;
 }
 

@@ -9,8 +9,8 @@
 // Failure: an Error(kUnavailable) from the store (the kvstore died) turns
 // the tiers off for the rest of the process: it is logged once, pending
 // fetches fail, further puts are refused, and policies go on as if they had
-// no tiers (lazy+tiers then evicts exactly like lazy). Other errors (no room,
-// a block not found) fail that one block only.
+// no tiers (lazy+tiers then evicts exactly like lazy). Other failures (no
+// room, a block not found, any other exception) fail that one block only.
 #pragma once
 
 #include <atomic>

@@ -14,8 +14,10 @@ struct FakeRank final : StepExecutor {
   WorkerInfo info_;
   StepResult result;
   bool fail = false;
+  bool up = true;
   std::atomic<int>* steps = nullptr;
   WorkerInfo info() const override { return info_; }
+  bool alive() const override { return up; }
   StepResult step(const StepPlan&) override {
     if (steps != nullptr) ++*steps;
     if (fail) throw Error(ErrorCode::kUnavailable, "connection refused");
@@ -48,7 +50,7 @@ std::vector<TensorParallelRank> group_of(std::vector<std::unique_ptr<FakeRank>> 
   for (size_t i = 0; i < fakes.size(); ++i) {
     fakes[i]->info_.rank = int(i);
     fakes[i]->info_.world = int(fakes.size());
-    ranks.push_back({std::move(fakes[i]), "worker w" + std::to_string(i), {}, {}});
+    ranks.push_back({std::move(fakes[i]), "worker w" + std::to_string(i), {}});
   }
   return ranks;
 }
@@ -96,7 +98,8 @@ TEST(TensorParallelWorker, ADownRankStopsTheStepBeforeAnyRankStarts) {
     fake->steps = &steps;
     fake->info_.rank = i;
     fake->info_.world = 2;
-    ranks.push_back({std::move(fake), "worker w" + std::to_string(i), [i] { return i == 0; }, {}});
+    fake->up = i == 0;
+    ranks.push_back({std::move(fake), "worker w" + std::to_string(i), {}});
   }
   TensorParallelWorker group(std::move(ranks));
   EXPECT_THROW(group.step(StepPlan{}), Error);

@@ -182,6 +182,32 @@ TEST_F(SchedulerTest, FullCachePreemptsByRecomputeAndFullKvStaysExact) {
   EXPECT_GT(registry.counter(metrics::kPreemptions).value(), 0);
 }
 
+// Admission counts the KV a prompt still being prefilled in chunks will take,
+// not only the chunks it took so far: the newcomer waits instead of being
+// admitted into a cache that cannot hold both, which would cost a preemption.
+TEST_F(SchedulerTest, AdmissionReservesTheRestOfAChunkedPrompt) {
+  LocalWorker probe(*model_, worker_options());
+  const WorkerInfo info = probe.info();
+  ASSERT_EQ(info.page_slots, 64);
+  // Three pages per (layer, head): 192 slots in all.
+  LocalWorker worker(*model_, worker_options(3 * info.kv_page_bytes * size_t(info.n_layer * info.n_head_kv)));
+  metrics::Registry registry;
+  SchedulerOptions options;
+  options.max_prefill_tokens = 64;
+  Scheduler scheduler(worker, *tokenizer_, registry, options);
+  SequenceRequest big = request(0, 20);  // 150 prompt tokens: 3 chunks, 3 pages with what it generates
+  big.prompt.resize(150);
+  for (size_t k = 0; k < big.prompt.size(); ++k) big.prompt[k] = int32_t(3 + (7 * k) % 250);
+  const SequenceRequest small = request(1, 4);  // one page
+  const std::vector<Outcome> got = collect(scheduler.submit({big, small}));
+  const std::vector<Outcome> reference = alone({big, small});
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].finish, "length") << got[i].error;
+    EXPECT_EQ(got[i].tokens, reference[i].tokens);
+  }
+  EXPECT_EQ(registry.counter(metrics::kPreemptions).value(), 0);
+}
+
 TEST_F(SchedulerTest, CancelEndsARunningSequenceAndFreesItsKv) {
   LocalWorker worker(*model_, worker_options());
   metrics::Registry registry;
@@ -348,6 +374,87 @@ TEST_F(SchedulerTest, AFailingWorkerEndsRunningSequencesWithAnErrorAndServingGoe
   // The failed sequence's KV was released once the worker answered again.
   scheduler.stop("test over");
   EXPECT_EQ(worker.n_sequences(), 0u);
+}
+
+// A worker whose first `failures` steps throw (-1: every step), reported alive or not.
+class FlakyWorker final : public StepExecutor {
+ public:
+  FlakyWorker(StepExecutor& inner, int failures, bool up) : inner_(inner), failures_(failures), up_(up) {}
+  WorkerInfo info() const override { return inner_.info(); }
+  bool alive() const override { return up_.load(); }
+  StepResult step(const StepPlan& plan) override {
+    const int n = ++steps_;
+    if (!plan.start.empty()) ++starting_steps_;
+    if (failures_.load() < 0 || n <= failures_.load()) throw Error(ErrorCode::kUnavailable, "connection refused");
+    return inner_.step(plan);
+  }
+  int steps() const { return steps_.load(); }
+  int starting_steps() const { return starting_steps_.load(); }  // steps whose plan starts sequences
+  void heal() {
+    failures_ = 0;
+    up_ = true;
+  }
+
+ private:
+  StepExecutor& inner_;
+  std::atomic<int> failures_;
+  std::atomic<bool> up_;
+  std::atomic<int> steps_{0};
+  std::atomic<int> starting_steps_{0};
+};
+
+TEST_F(SchedulerTest, SequencesAFailedStepWouldHaveStartedStayQueuedAndRunLater) {
+  LocalWorker worker(*model_, worker_options());
+  FlakyWorker flaky(worker, 2, true);  // a worker restarting: two steps fail, then it answers
+  metrics::Registry registry;
+  Scheduler scheduler(flaky, *tokenizer_, registry, SchedulerOptions{});
+  const std::vector<SequenceRequest> requests = {request(1, 6), request(2, 6)};
+  const std::vector<Outcome> got = collect(scheduler.submit(requests));
+  const std::vector<Outcome> reference = alone(requests);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].finish, reference[i].finish) << got[i].error;
+    EXPECT_EQ(got[i].tokens, reference[i].tokens) << "sequence " << i;
+  }
+  EXPECT_GE(flaky.steps(), 3);
+  scheduler.stop("test over");
+  EXPECT_EQ(worker.n_sequences(), 0u);
+}
+
+TEST_F(SchedulerTest, ASequenceWhoseStartKeepsFailingEndsAfterItsRetries) {
+  LocalWorker worker(*model_, worker_options());
+  FlakyWorker flaky(worker, -1, true);  // up, but every step fails (a request that crashes each restart)
+  metrics::Registry registry;
+  Scheduler scheduler(flaky, *tokenizer_, registry, SchedulerOptions{});
+  const std::vector<Outcome> got = collect(scheduler.submit({request(1, 6)}));
+  EXPECT_EQ(got[0].finish, "error");
+  EXPECT_TRUE(got[0].unavailable);
+  EXPECT_NE(got[0].error.find("connection refused"), std::string::npos) << got[0].error;
+  EXPECT_EQ(flaky.starting_steps(), 4) << "started once, then put back three times";
+  flaky.heal();
+  scheduler.stop("test over");
+  EXPECT_EQ(worker.n_sequences(), 0u);
+}
+
+TEST_F(SchedulerTest, ADeadWorkerFailsQueuedSequencesAtOnce) {
+  LocalWorker worker(*model_, worker_options());
+  FlakyWorker flaky(worker, -1, false);  // declared dead: no retries
+  metrics::Registry registry;
+  Scheduler scheduler(flaky, *tokenizer_, registry, SchedulerOptions{});
+  const std::vector<Outcome> got = collect(scheduler.submit({request(1, 6), request(2, 6)}));
+  for (const Outcome& o : got) {
+    EXPECT_EQ(o.finish, "error");
+    EXPECT_TRUE(o.unavailable);
+  }
+  EXPECT_EQ(flaky.starting_steps(), 1) << "both were admitted together and failed with the first step";
+  flaky.heal();
+}
+
+TEST_F(SchedulerTest, ZeroPrefillTokensPerStepIsRefused) {
+  LocalWorker worker(*model_, worker_options());
+  metrics::Registry registry;
+  SchedulerOptions options;
+  options.max_prefill_tokens = 0;
+  EXPECT_THROW(Scheduler(worker, *tokenizer_, registry, options), Error);
 }
 
 TEST_F(SchedulerTest, ASequenceThatAloneOutgrowsTheCacheEndsWithLengthAndKeepsItsText) {

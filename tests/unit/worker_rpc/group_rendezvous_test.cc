@@ -89,16 +89,19 @@ class GroupRendezvousTest : public ::testing::Test {
     ServedRank(int rank, int world, int port, JoinGroupFn join = {})
         : membership{rank, world},
           worker(*tiny_->model, options(), membership),
-          service(worker, [this] { return int64_t(worker.n_sequences()); },
-                  join ? join : [this, rank, world](std::chrono::milliseconds timeout, gloo::rendezvous::Store& store) {
-                    worker.release_all();
-                    membership.leave();
-                    GlooGroupOptions o;
-                    o.rank = rank;
-                    o.world = world;
-                    o.timeout = timeout;
-                    membership.join(std::make_unique<GlooGroup>(o, store));
-                  }),
+          service(worker,
+                  {.sequences = [this] { return int64_t(worker.n_sequences()); },
+                   .release_all = [this] { worker.release_all(); },
+                   .join = join ? join
+                                : [this, rank, world](std::chrono::milliseconds timeout, gloo::rendezvous::Store& store) {
+                                    worker.release_all();
+                                    membership.leave();
+                                    GlooGroupOptions o;
+                                    o.rank = rank;
+                                    o.world = world;
+                                    o.timeout = timeout;
+                                    membership.join(std::make_unique<GlooGroup>(o, store));
+                                  }}),
           server(std::make_unique<GrpcServer>("127.0.0.1", port, service, WorkerService::kServiceName,
                                               kMaxWorkerMessageBytes)) {}
     ~ServedRank() { server->shutdown(Clock::now()); }
@@ -164,8 +167,7 @@ TEST_F(GroupRendezvousTest, TheCoordinatorFormsTheGroupAndARestartedRankIsTakenB
     auto remote = std::make_unique<RemoteWorker>(served->address(), fast_heartbeats());
     RemoteWorker* raw = remote.get();
     group_ranks.push_back({raw->channel(), "worker " + raw->address()});
-    members.push_back({std::move(remote), "worker " + raw->address(), [raw] { return raw->alive(); },
-                       [raw] { return raw->instance_id(); }});
+    members.push_back({std::move(remote), "worker " + raw->address(), [raw] { return raw->instance_id(); }});
   }
   RemoteWorker* remote1 = static_cast<RemoteWorker*>(members[1].executor.get());
   std::vector<uint64_t> joined;
@@ -223,8 +225,8 @@ TEST_F(GroupRendezvousTest, FormingWaitsForARankStillInAStep) {
 
   // The new group runs.
   std::vector<TensorParallelRank> members;
-  members.push_back({std::make_unique<RemoteWorker>(rank0.address(), fast_heartbeats()), "worker a", {}, {}});
-  members.push_back({std::make_unique<RemoteWorker>(rank1.address(), fast_heartbeats()), "worker b", {}, {}});
+  members.push_back({std::make_unique<RemoteWorker>(rank0.address(), fast_heartbeats()), "worker a", {}});
+  members.push_back({std::make_unique<RemoteWorker>(rank1.address(), fast_heartbeats()), "worker b", {}});
   TensorParallelWorker group(std::move(members));
   EXPECT_EQ(greedy(group, 1, 6), reference);
 }

@@ -17,6 +17,7 @@
 #include "common/rpc/grpc_server.h"
 #include "common/metrics/metric_names.h"
 #include "coordinator/scheduler/scheduler.h"
+#include "tests/unit/step_plans.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"
 #include "worker/service/worker_service.h"
@@ -102,7 +103,9 @@ class WorkerRpcTest : public ::testing::Test {
   struct ServedWorker {
     explicit ServedWorker(int port, size_t capacity = 0)
         : worker(*model_, worker_options(capacity)),
-          service(worker, [this] { return int64_t(worker.n_sequences()); }),
+          service(worker, {.sequences = [this] { return int64_t(worker.n_sequences()); },
+                           .release_all = [this] { worker.release_all(); },
+                           .join = {}}),
           server(std::make_unique<GrpcServer>("127.0.0.1", port, service, WorkerService::kServiceName,
                                               kMaxWorkerMessageBytes)),
           port(server->port()) {}
@@ -250,6 +253,30 @@ TEST_F(WorkerRpcTest, ABadPolicyFailsOneSequenceNotTheStep) {
   ASSERT_FALSE(result.failed.empty());
   EXPECT_EQ(result.failed[0].first, 2);
   EXPECT_NE(result.failed[0].second.find("budget"), std::string::npos) << result.failed[0].second;
+  EXPECT_EQ(served.worker.n_sequences(), 1u);
+}
+
+// A coordinator that dies without releasing its sequences (SIGKILL) leaves
+// them on the worker; the next coordinator's first plan drops them, so their
+// KV is freed and the new coordinator's ids, which start again at 1, are free.
+TEST_F(WorkerRpcTest, ANewCoordinatorSessionDropsTheSequencesTheLastOneLeft) {
+  ServedWorker served(0);
+  {
+    RemoteWorker crashed(served.address(), fast_heartbeats());
+    ASSERT_TRUE(crashed.step(plan_starting(1, {1, 5, 9})).failed.empty());
+    ASSERT_TRUE(crashed.step(plan_starting(2, {1, 6, 9})).failed.empty());
+    EXPECT_EQ(served.worker.n_sequences(), 2u);
+  }
+  EXPECT_EQ(served.worker.n_sequences(), 2u) << "nothing was released when the coordinator went";
+  RemoteWorker next(served.address(), fast_heartbeats());
+  const StepResult result = next.step(plan_starting(1, {1, 7, 9}));
+  EXPECT_TRUE(result.failed.empty()) << result.failed.front().second;
+  ASSERT_EQ(result.tokens.size(), 1u);
+  EXPECT_EQ(served.worker.n_sequences(), 1u) << "only the new session's sequence is held";
+  // The same session keeps its sequences from step to step.
+  StepPlan decode;
+  decode.items = {{1, 0}};
+  EXPECT_TRUE(next.step(decode).failed.empty());
   EXPECT_EQ(served.worker.n_sequences(), 1u);
 }
 

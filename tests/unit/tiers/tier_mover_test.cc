@@ -1,0 +1,62 @@
+// The mover's failure rules with a store that fails on purpose: only an
+// unreachable store turns the tiers off; any other failure, even one that is
+// not a lazykv::Error (a failed allocation), fails that one operation and the
+// mover's threads go on.
+#include "worker/tiers/tier_mover.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <new>
+#include <stdexcept>
+
+#include "common/error.h"
+
+namespace lazykv::tiers {
+namespace {
+
+class FaultyStore final : public kvstore::BlockStore {
+ public:
+  std::atomic<bool> unreachable{false};
+  void put(const kvstore::BlockKey&, std::span<const uint8_t>, kvstore::BlockHint) override {
+    if (unreachable) throw Error(ErrorCode::kUnavailable, "kvstore gone");
+    throw std::bad_alloc();
+  }
+  size_t get(const kvstore::BlockKey&, std::span<uint8_t>, kvstore::BlockHint) override {
+    if (unreachable) throw Error(ErrorCode::kUnavailable, "kvstore gone");
+    throw std::runtime_error("not an Error");
+  }
+  bool drop(const kvstore::BlockKey&) override { return false; }
+  size_t drop_sequence(uint64_t, uint64_t) override { return 0; }
+  kvstore::TierStoreStats stats() override { return {}; }
+  std::string describe() const override { return "faulty test store"; }
+};
+
+TEST(TierMover, AFailureThatIsNotAnErrorFailsOneOperationAndTheThreadsGoOn) {
+  auto owned = std::make_unique<FaultyStore>();
+  FaultyStore* store = owned.get();
+  TierMover mover(std::move(owned));
+  const kvstore::BlockKey key{1, 2, 0, 0, 0, 16};
+  ASSERT_TRUE(mover.put(key, std::vector<uint8_t>(64, 7), {}));
+  std::shared_ptr<Fetch> fetch = mover.fetch(key, 64, {});
+  ASSERT_NE(fetch, nullptr);
+  fetch->wait();
+  EXPECT_EQ(fetch->state(), Fetch::State::kFailed);
+  EXPECT_EQ(fetch->error(), "not an Error");
+  mover.flush();
+  EXPECT_TRUE(mover.available()) << "a failed allocation is not a dead kvstore";
+  EXPECT_EQ(mover.stats().failures, 2u);
+
+  // The same lanes still run: an unreachable store now turns the tiers off.
+  store->unreachable = true;
+  std::shared_ptr<Fetch> second = mover.fetch(key, 64, {});
+  ASSERT_NE(second, nullptr);
+  second->wait();
+  EXPECT_EQ(second->state(), Fetch::State::kFailed);
+  mover.flush();
+  EXPECT_FALSE(mover.available());
+  EXPECT_EQ(mover.fetch(key, 64, {}), nullptr);
+}
+
+}  // namespace
+}  // namespace lazykv::tiers
