@@ -356,7 +356,11 @@ const FieldRule kRules[] = {
     {"temperature", Scope::kBoth, true,
      [](ParseState& s, const Json& v) { s.request.temperature = float(get_number_in(v, "temperature", 0, 2)); }},
     {"top_p", Scope::kBoth, true,
-     [](ParseState& s, const Json& v) { s.request.top_p = float(get_number_in(v, "top_p", 0, 1, true)); }},
+     [](ParseState& s, const Json& v) {
+       // A positive top_p below the smallest float keeps only the likeliest
+       // token, as the smallest float does; rounded to 0 the sampler would refuse it.
+       s.request.top_p = std::max(float(get_number_in(v, "top_p", 0, 1, true)), std::numeric_limits<float>::min());
+     }},
     {"top_k", Scope::kBoth, true,
      [](ParseState& s, const Json& v) {
        s.request.top_k = int(get_integer_in(v, "top_k", 0, std::numeric_limits<int32_t>::max()));

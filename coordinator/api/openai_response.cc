@@ -115,6 +115,15 @@ std::string_view chunk_object(Endpoint endpoint) {
   return endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk" : "text_completion";
 }
 
+Json model_object(const std::string& id, int64_t created) {
+  Json model = Json::object();
+  model["id"] = id;
+  model["object"] = "model";
+  model["created"] = created;
+  model["owned_by"] = "lazykv";
+  return model;
+}
+
 }  // namespace
 
 std::string completion_body(Endpoint endpoint, const ResponseMeta& meta, const std::vector<Choice>& choices,
@@ -180,19 +189,14 @@ std::string usage_chunk_body(Endpoint endpoint, const ResponseMeta& meta, const 
 
 std::string models_body(const std::vector<std::string>& model_ids, int64_t created) {
   Json data = Json::array();
-  for (const std::string& id : model_ids) {
-    Json model = Json::object();
-    model["id"] = id;
-    model["object"] = "model";
-    model["created"] = created;
-    model["owned_by"] = "lazykv";
-    data.push_back(std::move(model));
-  }
+  for (const std::string& id : model_ids) data.push_back(model_object(id, created));
   Json body = Json::object();
   body["object"] = "list";
   body["data"] = std::move(data);
   return dump(body);
 }
+
+std::string model_body(const std::string& model_id, int64_t created) { return dump(model_object(model_id, created)); }
 
 std::string error_body(const ApiError& error) {
   Json inner = Json::object();

@@ -22,7 +22,7 @@ struct TokenLogprob {
   std::string token;
   float logprob = 0;
   std::vector<TopLogprob> top;  // most likely first, request.top_logprobs of them
-  int32_t text_offset = 0;      // completions: byte offset of the token in the choice's text
+  int32_t text_offset = 0;      // completions: the token's offset in the choice's text, in code points
 };
 
 struct Usage {
@@ -67,6 +67,8 @@ std::string usage_chunk_body(Endpoint endpoint, const ResponseMeta& meta, const 
 
 // GET /v1/models.
 std::string models_body(const std::vector<std::string>& model_ids, int64_t created);
+// GET /v1/models/{id}.
+std::string model_body(const std::string& model_id, int64_t created);
 
 // {"error": {...}} for an ApiError.
 std::string error_body(const ApiError& error);

@@ -141,11 +141,10 @@ grpc::Status GrpcApi::authenticate(const grpc::ServerContext& context, std::stri
   if (config_.api_keys.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("authorization");
-  constexpr std::string_view kBearer = "Bearer ";
   if (it != metadata.end()) {
-    const std::string_view auth(it->second.data(), it->second.size());
-    if (auth.substr(0, kBearer.size()) == kBearer && config_.accepts_key(auth.substr(kBearer.size()))) {
-      if (key != nullptr) *key = std::string(auth.substr(kBearer.size()));
+    if (std::optional<std::string> accepted =
+            config_.key_of_authorization(std::string_view(it->second.data(), it->second.size()))) {
+      if (key != nullptr) *key = std::move(*accepted);
       return grpc::Status::OK;
     }
   }

@@ -398,7 +398,8 @@ struct Server::Impl {
     bhttp::response<bhttp::string_body> response;
     response.version(11);
     response.result(static_cast<unsigned>(status));
-    set_common_fields(response, "application/json", {});
+    // A 503 (too many connections, shutting down) passes: say when to retry, as every 503 of the API does.
+    set_common_fields(response, "application/json", status == 503 ? Headers{{"Retry-After", "1"}} : Headers{});
     response.keep_alive(false);
     response.body() = error_body(status, message);
     response.prepare_payload();

@@ -2,14 +2,13 @@
 
 #include <chrono>
 #include <cstdio>
-#include <random>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
+#include "common/random.h"
 #include "coordinator/api/openai_response.h"
 #include "coordinator/server/sequence_builder.h"
+#include "coordinator/tokenizer/utf8.h"
 
 namespace lazykv {
 namespace {
@@ -20,11 +19,6 @@ constexpr auto kClientPoll = std::chrono::milliseconds(100);
 
 std::string endpoint_name(api::Endpoint endpoint) {
   return endpoint == api::Endpoint::kChatCompletions ? "chat_completions" : "completions";
-}
-
-uint64_t random_u64() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return rng();
 }
 
 std::string response_id(api::Endpoint endpoint) {
@@ -75,17 +69,16 @@ void OpenAiService::count(const std::string& endpoint, int status) {
 void OpenAiService::send_error(http::ResponseWriter& out, const api::ApiError& error, const std::string& endpoint,
                                const http::Headers& extra) {
   count(endpoint, error.status);
-  out.send(error.status, "application/json", api::error_body(error), extra);
+  http::Headers headers = extra;
+  if (error.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");  // RFC 6750: the scheme it asks for
+  out.send(error.status, "application/json", api::error_body(error), headers);
 }
 
 std::string OpenAiService::authenticate(const http::Request& request) const {
-  if (config_.api_keys.empty()) return "";
   const std::string_view auth = request.header("authorization");
-  constexpr std::string_view kBearer = "Bearer ";
-  if (auth.substr(0, kBearer.size()) == kBearer && config_.accepts_key(auth.substr(kBearer.size()))) {
-    return std::string(auth.substr(kBearer.size()));
-  }
-  throw api::ApiError(401, "authentication_error",
+  if (std::optional<std::string> key = config_.key_of_authorization(auth)) return std::move(*key);
+  // OpenAI's own 401 body: an invalid_request_error with code invalid_api_key.
+  throw api::ApiError(401, "invalid_request_error",
                       auth.empty() ? "missing API key: send the header 'Authorization: Bearer <key>'"
                                    : "incorrect API key provided",
                       "", "invalid_api_key");
@@ -135,10 +128,8 @@ void OpenAiService::handle(const http::Request& request, http::ResponseWriter& o
         throw api::ApiError(404, "invalid_request_error", "The model '" + id + "' does not exist", "model",
                             "model_not_found");
       }
-      const nlohmann::json model = {
-          {"id", config_.model_id}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "lazykv"}};
       count("models", 200);
-      out.send(200, "application/json", model.dump());
+      out.send(200, "application/json", api::model_body(config_.model_id, unix_now()));
     } else if (path == "/v1/completions" || path == "/v1/chat/completions") {
       const api::Endpoint endpoint =
           path == "/v1/completions" ? api::Endpoint::kCompletions : api::Endpoint::kChatCompletions;
@@ -181,6 +172,11 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     }
 
     const size_t n_prompts = chat ? 1 : r.prompts.size();
+    try {
+      scheduler_.check_fits_queue(n_prompts * size_t(r.n));  // before n copies of each prompt are built
+    } catch (const Error& e) {
+      throw api::invalid_request(e.what(), "n");
+    }
     const int32_t n_ctx = scheduler_.worker_info().n_ctx;
     std::vector<SequenceRequest> sequences;
     for (size_t p = 0; p < n_prompts; ++p) {
@@ -224,7 +220,7 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     choices[i].index = int(i);
     choices[i].has_logprobs = r.logprobs;
     if (r.echo) choices[i].text = prompt_texts[i / size_t(r.n)];
-    text_offset[i] = int32_t(choices[i].text.size());
+    text_offset[i] = int32_t(utf8::count_code_points(choices[i].text));
   }
 
   const bool streaming = r.stream;
@@ -266,9 +262,11 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
       const size_t i = index_of.at(e.sequence);
       api::Choice& choice = choices[i];
       if (e.kind == SequenceEvent::Kind::kToken) {
-        // The token's own place in the text (bytes), whatever stop strings hold back.
+        // The token's own place in the text, whatever stop strings hold back:
+        // in characters (code points), as OpenAI's and Python servers' offsets
+        // are; a control token adds nothing to the text.
         api::TokenLogprob lp = to_api(e.token, text_offset[i]);
-        text_offset[i] += int32_t(e.token.bytes.size());
+        if (!tokenizer_.is_special(e.token.id)) text_offset[i] += int32_t(utf8::count_code_points(e.token.bytes));
         if (r.logprobs) choice.logprobs.push_back(lp);
         choice.text += e.text;
         if (streaming && (!e.text.empty() || r.logprobs)) {

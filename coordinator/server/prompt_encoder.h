@@ -1,8 +1,11 @@
 // Prompt token ids from text or chat messages: the model's chat template
-// (parsed once), special tokens parsed in rendered chat text only, and BOS
-// added when the model asks for it and the text did not already start with it.
+// (parsed once), and BOS added when the model asks for it and the text did not
+// already start with it. Control tokens ("<|im_start|>") come only from the
+// template's own text: written in a prompt or a message they are plain text,
+// as OpenAI's API treats them, so a user cannot forge another role's turn.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,10 +28,17 @@ class PromptEncoder {
   std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages) const;
 
  private:
-  std::vector<int32_t> encode(const std::string& text, bool parse_special) const;
+  std::vector<int32_t> with_bos(std::vector<int32_t> ids) const;
+  // `content` with every text of message_marks_ replaced by its mark.
+  std::string mark_control_text(const std::string& content) const;
+
   const Tokenizer& tokenizer_;
   std::optional<ChatTemplate> chat_;
   std::string bos_text_, eos_text_;
+  // Texts a message's content may not pass to the template as they are: the
+  // control tokens' (longest first), then U+E000 (the marks' own first character).
+  std::vector<std::string> message_marks_;
+  std::array<bool, 256> mark_first_byte_{};
 };
 
 }  // namespace lazykv

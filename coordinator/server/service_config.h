@@ -6,7 +6,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "coordinator/api/openai_request.h"
@@ -64,8 +66,11 @@ struct ServiceConfig {
   int32_t completions_default_max_tokens = 16;  // OpenAI's default for /v1/completions
   std::string version;
 
-  // True when keys are off or `key` is one of them.
+  // True when keys are off or `key` is one of them (compared in constant time).
   bool accepts_key(std::string_view key) const;
+  // The accepted key of an "Authorization: Bearer <key>" value ("" when keys
+  // are off), or nullopt. The scheme is case-insensitive (RFC 7235).
+  std::optional<std::string> key_of_authorization(std::string_view header) const;
 };
 
 }  // namespace lazykv

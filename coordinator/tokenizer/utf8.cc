@@ -65,6 +65,12 @@ std::string repair(std::string_view text) {
   return out;
 }
 
+size_t count_code_points(std::string_view text) {
+  size_t n = 0;
+  for (const char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // not a continuation byte
+  return n;
+}
+
 void append_code_point(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out.push_back(static_cast<char>(cp));

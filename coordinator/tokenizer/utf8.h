@@ -29,6 +29,10 @@ bool is_valid(std::string_view text);
 // Copy of text with every invalid or truncated sequence replaced by U+FFFD.
 std::string repair(std::string_view text);
 
+// Code points of valid UTF-8 (the bytes that start a sequence), as Python's
+// len() of the decoded str; a sequence cut short counts once, where it starts.
+size_t count_code_points(std::string_view text);
+
 // Appends the UTF-8 encoding of a code point (assumed valid) to out.
 void append_code_point(std::string& out, char32_t code_point);
 

@@ -215,6 +215,9 @@ TEST(OpenAiResponse, ModelsBody) {
   EXPECT_EQ(body["data"][1],
             (Json{{"id", "b"}, {"object", "model"}, {"created", 123}, {"owned_by", "lazykv"}}));
   EXPECT_EQ(Json::parse(models_body({}, 0))["data"], Json::array());
+  EXPECT_EQ(Json::parse(model_body("b", 123)), body["data"][1]);
+  // A model named after a file whose name is not UTF-8 still gets valid JSON.
+  EXPECT_EQ(Json::parse(model_body("m\xff", 1))["id"], "m\xef\xbf\xbd");
 }
 
 TEST(OpenAiResponse, ErrorBody) {

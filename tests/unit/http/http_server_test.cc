@@ -381,6 +381,7 @@ TEST(HttpServerTest, MaxConnectionsTurnsAwayExtraClients) {
     const RawResponse rejected = extra.read_response();
     EXPECT_EQ(rejected.status, 503);
     EXPECT_NE(rejected.body.find("too many connections"), std::string::npos) << rejected.body;
+    EXPECT_EQ(rejected.header("retry-after"), "1");
     EXPECT_TRUE(extra.read_until_closed());
   }
   first.reset();

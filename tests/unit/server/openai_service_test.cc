@@ -84,7 +84,7 @@ class OpenAiServiceTest : public ::testing::Test {
     o.threads = 2;
     o.n_vocab = tokenizer_->n_vocab();
     worker_ = std::make_unique<LocalWorker>(*model_, o);
-    scheduler_ = std::make_unique<Scheduler>(*worker_, *tokenizer_, registry_, SchedulerOptions{});
+    scheduler_ = std::make_unique<Scheduler>(*worker_, *tokenizer_, registry_, scheduler_options_);
     ServiceConfig config;
     config.model_id = "tiny";
     config.api_keys = keys_;
@@ -94,11 +94,16 @@ class OpenAiServiceTest : public ::testing::Test {
 
   RecordingWriter call(const std::string& method, const std::string& path, const std::string& body = "",
                        const std::string& key = "") {
+    return call_authorized(method, path, body, key.empty() ? "" : "Bearer " + key);
+  }
+  // With `authorization` as the whole header value ("" for none).
+  RecordingWriter call_authorized(const std::string& method, const std::string& path, const std::string& body,
+                                  const std::string& authorization) {
     http::Request r;
     r.method = method;
     r.path = path;
     r.body = body;
-    if (!key.empty()) r.headers.push_back({"authorization", "Bearer " + key});
+    if (!authorization.empty()) r.headers.push_back({"authorization", authorization});
     RecordingWriter w;
     service_->handle(r, w);
     EXPECT_EQ(w.responses, 1) << method << " " << path;
@@ -108,6 +113,7 @@ class OpenAiServiceTest : public ::testing::Test {
   static Model* model_;
   static Tokenizer* tokenizer_;
   std::vector<std::string> keys_;
+  SchedulerOptions scheduler_options_;
   metrics::Registry registry_;
   std::unique_ptr<LocalWorker> worker_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -171,6 +177,18 @@ TEST_F(OpenAiServiceTest, CompletionsWithPromptsTimesNAndLogprobs) {
     EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
     for (const json& l : lp["token_logprobs"]) EXPECT_LE(l.get<double>(), 0.0);
     for (const json& top : lp["top_logprobs"]) EXPECT_EQ(top.size(), 2u);
+    // Offsets count characters: an ASCII token moves the next one by its length.
+    const json& offsets = lp["text_offset"];
+    ASSERT_EQ(offsets.size(), lp["tokens"].size());
+    EXPECT_EQ(offsets[0], 0);
+    for (size_t k = 0; k + 1 < offsets.size(); ++k) {
+      const std::string token = lp["tokens"][k];
+      const bool ascii = std::all_of(token.begin(), token.end(), [](char ch) { return (ch & 0x80) == 0; });
+      if (ascii) {
+        EXPECT_EQ(offsets[k + 1].get<int>() - offsets[k].get<int>(), int(token.size())) << token;
+      }
+      EXPECT_GE(offsets[k + 1], offsets[k]);
+    }
   }
   // The same seed gives the same choices.
   RecordingWriter again = call("POST", "/v1/completions",
@@ -207,6 +225,10 @@ TEST_F(OpenAiServiceTest, ErrorsAreOpenAiJsonWithTheRightStatus) {
   EXPECT_EQ(call("GET", "/nothing").status, 404);
   // Still serving.
   EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
+  // A top_p too small for a float keeps the likeliest token (it used to reach the sampler as 0 and fail).
+  RecordingWriter tiny_top_p =
+      call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "top_p": 1e-46})");
+  EXPECT_EQ(tiny_top_p.status, 200) << tiny_top_p.body;
   EXPECT_GE(registry_.counter(metrics::kErrors, {"invalid_request"}).value(), 5);
 }
 
@@ -244,6 +266,23 @@ TEST_F(OpenAiServiceTest, HealthReadyModelsAndMetrics) {
   EXPECT_EQ(refused.headers[0].first, "Retry-After");
 }
 
+class OpenAiServiceSmallQueueTest : public OpenAiServiceTest {
+ protected:
+  void SetUp() override {
+    scheduler_options_.max_waiting = 8;
+    OpenAiServiceTest::SetUp();
+  }
+};
+
+TEST_F(OpenAiServiceSmallQueueTest, PromptsTimesNBeyondTheQueueAreRefusedBeforeBeingBuilt) {
+  // 3 prompts times n = 3 can never fit a queue of 8: a 400 naming n (a 503 would invite retries).
+  RecordingWriter w = call("POST", "/v1/completions", R"({"model": "tiny", "prompt": ["a", "b", "c"], "n": 3})");
+  EXPECT_EQ(w.status, 400) << w.body;
+  EXPECT_EQ(json::parse(w.body)["error"]["param"], "n") << w.body;
+  EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": ["a", "b"], "n": 4, "max_tokens": 1})").status,
+            200);
+}
+
 class OpenAiServiceKeysTest : public OpenAiServiceTest {
  protected:
   void SetUp() override {
@@ -259,6 +298,20 @@ TEST_F(OpenAiServiceKeysTest, ApiKeysAreRequiredOnV1Only) {
   EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 1})").status, 401);
   EXPECT_EQ(call("GET", "/health").status, 200);
   EXPECT_EQ(call("GET", "/metrics").status, 200);
+}
+
+TEST_F(OpenAiServiceKeysTest, TheBearerSchemeIsCaseInsensitiveAndA401SaysWhatItWants) {
+  EXPECT_EQ(call_authorized("GET", "/v1/models", "", "bearer k1").status, 200);
+  EXPECT_EQ(call_authorized("GET", "/v1/models", "", "BEARER   k1 ").status, 200);
+  for (const std::string auth : {"Basic k1", "Bearer", "Bearer k", "Bearer k1x", "Bearerk1"}) {
+    RecordingWriter w = call_authorized("GET", "/v1/models", "", auth);
+    EXPECT_EQ(w.status, 401) << auth;
+    const json error = json::parse(w.body)["error"];
+    EXPECT_EQ(error["type"], "invalid_request_error") << auth;  // as OpenAI answers
+    EXPECT_EQ(error["code"], "invalid_api_key") << auth;
+    const http::Headers expected = {{"WWW-Authenticate", "Bearer"}};
+    EXPECT_EQ(w.headers, expected) << auth;
+  }
 }
 
 }  // namespace
