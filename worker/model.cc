@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +42,7 @@ void check_config(const ModelConfig& c) {
   positive(c.n_ff, "feed-forward length");
   positive(c.head_dim, "head dim");
   positive(c.n_vocab, "vocabulary size");
+  positive(c.n_ctx_train, "training context length");
   if (c.n_head % c.n_head_kv != 0) {
     invalid("model config: head count " + std::to_string(c.n_head) + " is not a multiple of KV head count " +
             std::to_string(c.n_head_kv));
@@ -98,12 +101,22 @@ TokenizerSpec tokenizer_spec_from_gguf(const GgufFile& f) {
     s.token_types.assign(types->begin(), types->end());
   }
   s.merges = f.get_string_array("tokenizer.ggml.merges").value_or(std::vector<std::string>{});
-  s.bos_id = int32_t(f.get_int("tokenizer.ggml.bos_token_id").value_or(-1));
-  s.eos_id = int32_t(f.get_int("tokenizer.ggml.eos_token_id").value_or(-1));
-  s.pad_id = int32_t(f.get_int("tokenizer.ggml.padding_token_id").value_or(-1));
-  s.unk_id = int32_t(f.get_int("tokenizer.ggml.unknown_token_id").value_or(-1));
-  if (auto eot = f.get_int("tokenizer.ggml.eot_token_id")) s.eog_ids.push_back(int32_t(*eot));
-  if (auto eom = f.get_int("tokenizer.ggml.eom_token_id")) s.eog_ids.push_back(int32_t(*eom));
+  // -1 when absent; checked before the cast, so 2^32 + 1 is an error, not token 1.
+  auto token_id = [&](const std::string& key) -> int32_t {
+    const std::optional<int64_t> v = f.get_int(key);
+    if (!v) return -1;
+    if (*v < -1 || *v > std::numeric_limits<int32_t>::max()) {
+      invalid("gguf: metadata '" + key + "' = " + std::to_string(*v) + " is not a token id");
+    }
+    return int32_t(*v);
+  };
+  s.bos_id = token_id("tokenizer.ggml.bos_token_id");
+  s.eos_id = token_id("tokenizer.ggml.eos_token_id");
+  s.pad_id = token_id("tokenizer.ggml.padding_token_id");
+  s.unk_id = token_id("tokenizer.ggml.unknown_token_id");
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    if (const int32_t id = token_id(key); id >= 0) s.eog_ids.push_back(id);
+  }
   s.add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(false);
   s.chat_template = f.get_string("tokenizer.chat_template").value_or("");
   const int64_t n = int64_t(s.tokens.size());
@@ -126,25 +139,27 @@ void Model::load_gguf(const std::string& path) {
   c.arch = parse_arch(c.arch_name);
   c.name = f.get_string("general.name").value_or(std::filesystem::path(path).filename().string());
   const std::string a = c.arch_name + ".";
-  auto need_int = [&](const std::string& key) -> int {
+  // Checked before the cast, so 2^32 + 4 is an error, not 4.
+  auto int_of = [&](const std::string& key, std::optional<int> fallback) -> int {
     auto v = f.get_int(key);
-    if (!v) invalid("gguf: missing metadata key '" + key + "'");
+    if (!v && !fallback) invalid("gguf: missing metadata key '" + key + "'");
+    if (!v) return *fallback;
     if (*v <= 0 || *v > (int64_t(1) << 30)) invalid("gguf: metadata '" + key + "' = " + std::to_string(*v) + " out of range");
     return int(*v);
   };
-  c.n_layer = need_int(a + "block_count");
-  c.n_embd = need_int(a + "embedding_length");
-  c.n_ff = need_int(a + "feed_forward_length");
-  c.n_head = need_int(a + "attention.head_count");
-  c.n_head_kv = int(f.get_int(a + "attention.head_count_kv").value_or(c.n_head));
-  c.n_ctx_train = int(f.get_int(a + "context_length").value_or(2048));
-  c.head_dim = int(f.get_int(a + "attention.key_length").value_or(c.n_head > 0 ? c.n_embd / c.n_head : 0));
-  c.n_rot = int(f.get_int(a + "rope.dimension_count").value_or(c.head_dim));
+  c.n_layer = int_of(a + "block_count", std::nullopt);
+  c.n_embd = int_of(a + "embedding_length", std::nullopt);
+  c.n_ff = int_of(a + "feed_forward_length", std::nullopt);
+  c.n_head = int_of(a + "attention.head_count", std::nullopt);
+  c.n_head_kv = int_of(a + "attention.head_count_kv", c.n_head);
+  c.n_ctx_train = int_of(a + "context_length", 2048);
+  c.head_dim = int_of(a + "attention.key_length", c.n_embd / c.n_head);
+  c.n_rot = int_of(a + "rope.dimension_count", c.head_dim);
   c.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_theta = float(f.get_float(a + "rope.freq_base").value_or(10000.0));
   const std::string scaling = f.get_string(a + "rope.scaling.type").value_or("none");
   c.rope_factor = float(f.get_float(a + "rope.scaling.factor").value_or(1.0));
-  c.rope_orig_ctx = int(f.get_int(a + "rope.scaling.original_context_length").value_or(c.n_ctx_train));
+  c.rope_orig_ctx = int_of(a + "rope.scaling.original_context_length", c.n_ctx_train);
   if (scaling == "none" || c.rope_factor == 1.0f) {
     c.rope_scaling = RopeScaling::kNone;
   } else if (scaling == "linear") {
@@ -232,7 +247,13 @@ void Model::load_hf(const std::string& dir) {
   if (!j.is_object()) invalid("config.json: not a JSON object");
   ModelConfig& c = config_;
   auto get_int = [&](const char* key, std::optional<int> fallback) -> int {
-    if (j.contains(key) && j[key].is_number_integer()) return j[key].get<int>();
+    if (j.contains(key) && j[key].is_number_integer()) {
+      const int64_t v = j[key].get<int64_t>();  // checked before the cast, as GGUF metadata is
+      if (v <= 0 || v > (int64_t(1) << 30)) {
+        invalid(std::string("config.json: '") + key + "' = " + std::to_string(v) + " out of range");
+      }
+      return int(v);
+    }
     if (fallback) return *fallback;
     invalid(std::string("config.json: missing integer '") + key + "'");
   };

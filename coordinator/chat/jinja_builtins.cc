@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ctime>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,6 +33,43 @@ Value missing_element(const Value& object, const Value& key) {
 
 void check_size(size_t bytes) {
   if (bytes > kMaxStringBytes) fail("chat template produced a string over " + std::to_string(kMaxStringBytes) + " bytes");
+}
+
+// Python's integers have no limit; a template's are 64-bit, and going past
+// that is an error rather than a wrapped (undefined) result.
+// Bytes of the strings in a JSON value (keys included), counted up to `cap`.
+size_t content_bytes(const Json& j, size_t cap) {
+  if (j.is_string()) return j.get_ref<const std::string&>().size();
+  size_t total = 0;
+  if (j.is_array()) {
+    for (const Json& item : j) {
+      total += content_bytes(item, cap);
+      if (total > cap) break;
+    }
+  } else if (j.is_object()) {
+    for (const auto& [key, value] : j.items()) {
+      total += key.size() + content_bytes(value, cap);
+      if (total > cap) break;
+    }
+  }
+  return total;
+}
+
+[[noreturn]] void integer_overflow() { fail("integer overflow: chat template integers are 64-bit"); }
+int64_t add_int(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) integer_overflow();
+  return r;
+}
+int64_t sub_int(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_sub_overflow(a, b, &r)) integer_overflow();
+  return r;
+}
+int64_t mul_int(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) integer_overflow();
+  return r;
 }
 
 std::string as_string(const Value& v) { return py_str(v); }
@@ -214,7 +252,8 @@ std::string py_replace(const std::string& s, const std::string& old_text, const 
 
 std::string repeat(const std::string& s, int64_t times) {
   if (times <= 0 || s.empty()) return "";
-  check_size(s.size() * static_cast<size_t>(std::min<int64_t>(times, int64_t{1} << 40)));
+  if (uint64_t(times) > kMaxStringBytes / s.size()) check_size(kMaxStringBytes + 1);  // s.size() * times would wrap
+  check_size(s.size() * static_cast<size_t>(times));
   std::string out;
   out.reserve(s.size() * static_cast<size_t>(times));
   for (int64_t i = 0; i < times; ++i) out += s;
@@ -268,6 +307,7 @@ std::string percent_format(const std::string& format, const Value& args_value) {
         break;
       default: fail(std::string("unsupported format character '") + conv + "'");
     }
+    check_size(out.size());
   }
   if (next < args.size() && args_value.is_array()) fail("not all arguments converted during string formatting");
   return out;
@@ -304,6 +344,7 @@ std::string brace_format(const std::string& format, const CallArgs& args) {
       }
       if (!v) fail("format field '" + field + "' has no argument");
       out += py_str(*v);
+      check_size(out.size());
       i = close;
     } else if (c == '}') {
       fail("single '}' encountered in format string");
@@ -978,7 +1019,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   bool numbers = a.is_number() && b.is_number();
   bool floats = numbers && (x.is_number_float() || y.is_number_float());
   if (op == "+") {
-    if (numbers) return floats ? Value(to_double(x) + to_double(y)) : Value(to_int(x) + to_int(y));
+    if (numbers) return floats ? Value(to_double(x) + to_double(y)) : Value(add_int(to_int(x), to_int(y)));
     if (x.is_string() && y.is_string()) {
       check_size(a.str().size() + b.str().size());
       return a.str() + b.str();
@@ -992,7 +1033,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     return unsupported();
   }
   if (op == "*") {
-    if (numbers) return floats ? Value(to_double(x) * to_double(y)) : Value(to_int(x) * to_int(y));
+    if (numbers) return floats ? Value(to_double(x) * to_double(y)) : Value(mul_int(to_int(x), to_int(y)));
     const Value* seq = x.is_string() || x.is_array() ? &a : (y.is_string() || y.is_array() ? &b : nullptr);
     const Value* times = seq == &a ? &b : &a;
     if (!seq || !times->is_json() || !(times->json().is_number_integer() || times->json().is_boolean())) return unsupported();
@@ -1000,6 +1041,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (seq->is_string()) return repeat(seq->str(), n);
     if (n > 0 && seq->json().size() * static_cast<size_t>(std::min<int64_t>(n, kMaxListItems + 1)) > kMaxListItems)
       fail("list too long");
+    // Every copy copies the items' strings too: [s] * n holds n copies of s.
+    if (n > 0 && uint64_t(n) > kMaxStringBytes / std::max<size_t>(1, content_bytes(seq->json(), kMaxStringBytes))) {
+      fail("list too large: its strings would pass " + std::to_string(kMaxStringBytes) + " bytes");
+    }
     Json out = Json::array();
     for (int64_t i = 0; i < n; ++i)
       for (const Json& item : seq->json()) out.push_back(item);
@@ -1007,7 +1052,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "%" && x.is_string()) return percent_format(a.str(), b);
   if (!numbers) return unsupported();
-  if (op == "-") return floats ? Value(to_double(x) - to_double(y)) : Value(to_int(x) - to_int(y));
+  if (op == "-") return floats ? Value(to_double(x) - to_double(y)) : Value(sub_int(to_int(x), to_int(y)));
   if (op == "/") {
     if (to_double(y) == 0.0) fail(floats ? "float division by zero" : "division by zero");
     return to_double(x) / to_double(y);
@@ -1016,6 +1061,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (to_double(y) == 0.0) fail(floats ? "float divmod()" : "integer division or modulo by zero");
     if (!floats) {
       int64_t p = to_int(x), q = to_int(y);
+      if (p == std::numeric_limits<int64_t>::min() && q == -1) integer_overflow();  // traps on x86
       int64_t quotient = p / q, remainder = p % q;
       if (remainder != 0 && ((remainder < 0) != (q < 0))) {
         --quotient;
@@ -1031,11 +1077,13 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "**") {
     if (!floats && to_int(y) >= 0) {
+      // By squaring: as many steps as the exponent has bits. While bits are
+      // left the squared base is still to be multiplied in, so its overflow
+      // is the result's (a base of 0, 1 or -1 never overflows).
       int64_t base = to_int(x), result = 1;
-      for (int64_t e = to_int(y); e > 0; --e) {
-        result *= base;
-        if (base == 0 || base == 1 || result == 0) break;
-        if (std::llabs(result) > (int64_t{1} << 53)) fail("integer power too large");
+      for (int64_t e = to_int(y); e > 0; e >>= 1) {
+        if (e & 1) result = mul_int(result, base);
+        if (e > 1) base = mul_int(base, base);
       }
       return result;
     }
@@ -1079,7 +1127,10 @@ std::vector<size_t> slice_indices(size_t n, const Value& start_v, const Value& s
   int64_t start = clamp(get(start_v), step > 0 ? 0 : len - 1);
   int64_t stop = clamp(get(stop_v), step > 0 ? len : -1);
   std::vector<size_t> out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(static_cast<size_t>(i));
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    out.push_back(static_cast<size_t>(i));
+    if (__builtin_add_overflow(i, step, &i)) break;  // a step past the end of int64 is past the end of the slice
+  }
   return out;
 }
 
@@ -1190,7 +1241,7 @@ Value negate(const Value& operand) {
   require_defined(operand);
   if (!operand.is_number()) fail("bad operand type for unary -: '" + type_name(operand) + "'");
   if (operand.json().is_number_float()) return -operand.json().get<double>();
-  return -to_int(operand.json());
+  return sub_int(0, to_int(operand.json()));
 }
 
 std::vector<Value> iterate(const Value& iterable) {
@@ -1227,9 +1278,10 @@ std::vector<std::pair<std::string, Value>> global_functions() {
     int64_t step = a.size() == 3 ? a[2] : 1;
     if (step == 0) fail("range() arg 3 must not be zero");
     Json out = Json::array();
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       if (out.size() >= kMaxListItems) fail("range too large");
       out.push_back(i);
+      if (__builtin_add_overflow(i, step, &i)) break;
     }
     return out;
   }));

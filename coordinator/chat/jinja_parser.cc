@@ -11,6 +11,10 @@ namespace {
 
 // Deeper nesting than this is rejected instead of overflowing the stack.
 constexpr int kMaxNesting = 128;
+// Links of operator chains (a + b + c, x|f|g, a.b[0](c)) on the way to a
+// node: each is one more level of the tree, which evaluation and destruction
+// walk recursively, so it is bounded as nesting is.
+constexpr int kMaxChainLinks = 1024;
 
 using T = Token::Type;
 
@@ -75,6 +79,19 @@ class Parser {
     }
     ~DepthGuard() { --parser.depth_; }
     Parser& parser;
+  };
+
+  // Counts the links one chain adds (next() per node it builds); they stay
+  // counted for everything parsed inside, until the chain's function returns.
+  struct ChainGuard {
+    explicit ChainGuard(Parser& p) : parser(p) {}
+    void next() {
+      ++links;
+      if (++parser.chain_links_ > kMaxChainLinks) parser.fail_at("expression too long or nested too deeply", parser.cur());
+    }
+    ~ChainGuard() { parser.chain_links_ -= links; }
+    Parser& parser;
+    int links = 0;
   };
 
   template <typename N>
@@ -323,8 +340,10 @@ class Parser {
   }
 
   ExprPtr parse_condition() {
+    ChainGuard chain(*this);
     ExprPtr expr = parse_or();
     while (is_name("if")) {
+      chain.next();
       const Token& at = cur();
       advance();
       auto node = make<Expr>(Expr::Kind::kCondition, at);
@@ -332,6 +351,7 @@ class Parser {
       node->items.push_back(std::move(expr));
       if (is_name("else")) {
         advance();
+        DepthGuard guard(*this);  // a else b if c else d ...: recursion
         node->items.push_back(parse_condition());
       } else {
         node->items.push_back(nullptr);
@@ -350,8 +370,10 @@ class Parser {
   }
 
   ExprPtr parse_or() {
+    ChainGuard chain(*this);
     ExprPtr left = parse_and();
     while (is_name("or")) {
+      chain.next();
       const Token& at = cur();
       advance();
       left = binary(Expr::Kind::kOr, "or", std::move(left), parse_and(), at);
@@ -360,8 +382,10 @@ class Parser {
   }
 
   ExprPtr parse_and() {
+    ChainGuard chain(*this);
     ExprPtr left = parse_not();
     while (is_name("and")) {
+      chain.next();
       const Token& at = cur();
       advance();
       left = binary(Expr::Kind::kAnd, "and", std::move(left), parse_not(), at);
@@ -380,6 +404,7 @@ class Parser {
   }
 
   ExprPtr parse_compare() {
+    ChainGuard chain(*this);
     ExprPtr left = parse_math1();
     while (true) {
       const Token& at = cur();
@@ -399,13 +424,16 @@ class Parser {
       } else {
         return left;
       }
+      chain.next();
       left = binary(Expr::Kind::kBinary, op, std::move(left), parse_math1(), at);
     }
   }
 
   ExprPtr parse_math1() {
+    ChainGuard chain(*this);
     ExprPtr left = parse_concat();
     while (is_op("+") || is_op("-")) {
+      chain.next();
       const Token& at = cur();
       std::string op = cur().value;
       advance();
@@ -415,8 +443,10 @@ class Parser {
   }
 
   ExprPtr parse_concat() {
+    ChainGuard chain(*this);
     ExprPtr left = parse_math2();
     while (is_op("~")) {
+      chain.next();
       const Token& at = cur();
       advance();
       left = binary(Expr::Kind::kBinary, "~", std::move(left), parse_math2(), at);
@@ -425,8 +455,10 @@ class Parser {
   }
 
   ExprPtr parse_math2() {
+    ChainGuard chain(*this);
     ExprPtr left = parse_pow();
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      chain.next();
       const Token& at = cur();
       std::string op = cur().value;
       advance();
@@ -436,8 +468,10 @@ class Parser {
   }
 
   ExprPtr parse_pow() {
+    ChainGuard chain(*this);
     ExprPtr left = parse_unary(true);
     while (is_op("**")) {
+      chain.next();
       const Token& at = cur();
       advance();
       left = binary(Expr::Kind::kBinary, "**", std::move(left), parse_unary(true), at);
@@ -566,8 +600,10 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    ChainGuard chain(*this);
     while (true) {
       const Token& at = cur();
+      if (is_op(".") || is_op("[") || is_op("(")) chain.next();
       if (is_op(".")) {
         advance();
         if (cur().type == T::kName) {
@@ -666,7 +702,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
+    ChainGuard chain(*this);
     while (true) {
+      if (is_op("|") || is_name("is") || is_op("(")) chain.next();
       if (is_op("|")) {
         advance();
         const Token& at = cur();
@@ -707,6 +745,7 @@ class Parser {
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   int depth_ = 0;
+  int chain_links_ = 0;
   int loop_depth_ = 0;
 };
 

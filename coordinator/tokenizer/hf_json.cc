@@ -27,7 +27,19 @@ constexpr std::string_view kQwen2Regex =
 constexpr std::string_view kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Real files nest under 10 levels; deeper ones would recurse in copies and dumps.
+constexpr int kMaxJsonDepth = 64;
+// tokenizer.json of a 256k vocabulary is about 20 MB.
+constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;
+
 std::string read_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+    throw Error(ErrorCode::kInvalidModel, path.string() + " is not a regular file");  // a FIFO would hang, /dev/zero never end
+  }
+  if (fs::exists(path, ec) && fs::file_size(path, ec) > kMaxFileBytes) {
+    throw Error(ErrorCode::kInvalidModel, path.string() + " is larger than 1 GiB");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorCode::kNotFound, "cannot open " + path.string());
   std::ostringstream text;
@@ -36,8 +48,15 @@ std::string read_file(const fs::path& path) {
 }
 
 json parse_json(const fs::path& path) {
+  const std::string text = read_file(path);
   try {
-    return json::parse(read_file(path));
+    return json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) {
+        throw Error(ErrorCode::kInvalidModel,
+                    path.string() + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      }
+      return true;
+    });
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidModel, path.string() + ": invalid JSON: " + e.what());
   }
@@ -166,23 +185,33 @@ TokenizerSpec Tokenizer::spec_from_hf_json(const std::string& tokenizer_json_pat
     // Vocabulary: model.vocab plus added tokens (which may extend it).
     const json& vocab = model.at("vocab");
     const json& added = root.value("added_tokens", json::array());
+    constexpr int64_t kMaxVocab = int64_t{1} << 24;
+    // An integer below kMaxVocab: checked before any arithmetic or cast.
+    const auto id_of = [&](const json& id) -> int64_t {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxVocab) {
+        throw Error(ErrorCode::kInvalidModel, path.string() + ": token id " + id.dump() + " is not in [0, 2^24)");
+      }
+      return id.get<int64_t>();
+    };
     int64_t size = 0;
-    for (const auto& [text, id] : vocab.items()) size = std::max<int64_t>(size, id.get<int64_t>() + 1);
-    for (const json& token : added) size = std::max<int64_t>(size, token.at("id").get<int64_t>() + 1);
-    if (size <= 0 || size > (int64_t{1} << 24)) {
-      throw Error(ErrorCode::kInvalidModel, path.string() + ": bad vocabulary size");
+    for (const auto& [text, id] : vocab.items()) size = std::max<int64_t>(size, id_of(id) + 1);
+    for (const json& token : added) size = std::max<int64_t>(size, id_of(token.at("id")) + 1);
+    if (size <= 0) throw Error(ErrorCode::kInvalidModel, path.string() + ": empty vocabulary");
+    // A few ids far above the rest would make a vocabulary of empty entries.
+    const int64_t listed = int64_t(vocab.size() + added.size());
+    if (size > 2 * listed + 1024) {
+      throw Error(ErrorCode::kInvalidModel, path.string() + ": token ids go up to " + std::to_string(size - 1) +
+                                                " but only " + std::to_string(listed) + " tokens are listed");
     }
     spec.tokens.assign(static_cast<size_t>(size), std::string());
     spec.token_types.assign(static_cast<size_t>(size), kTypeUnused);
     for (const auto& [text, id] : vocab.items()) {
-      const int64_t i = id.get<int64_t>();
-      if (i < 0) throw Error(ErrorCode::kInvalidModel, path.string() + ": negative token id");
+      const int64_t i = id_of(id);
       spec.tokens[i] = text;
       spec.token_types[i] = kTypeNormal;
     }
     for (const json& token : added) {
-      const int64_t i = token.at("id").get<int64_t>();
-      if (i < 0) throw Error(ErrorCode::kInvalidModel, path.string() + ": negative token id");
+      const int64_t i = id_of(token.at("id"));
       spec.tokens[i] = token.at("content").get<std::string>();
       spec.token_types[i] = token.value("special", false) ? kTypeControl : kTypeUserDefined;
     }

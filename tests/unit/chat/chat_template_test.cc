@@ -211,5 +211,52 @@ TEST(ChatTemplateFuzzRegressions, HugeNumberLiteralsAreSyntaxErrors) {
   }
 }
 
+// From a review of what a template in a model file can do: each of these
+// crashed (SIGFPE, out-of-bounds read, stack overflow), hung or exhausted
+// memory; now each is a clear error, or the right answer.
+TEST(ChatTemplateFuzzRegressions, IntegerArithmeticIsCheckedNotWrapped) {
+  for (const char* source : {"{{ (-9223372036854775807 - 1) // -1 }}", "{{ (-9223372036854775807 - 1) % -1 }}",
+                             "{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+                             "{{ 4611686018427387904 * 2 }}", "{{ -(-9223372036854775807 - 1) }}", "{{ 2 ** 63 }}",
+                             "{{ 3 ** 9223372036854775807 }}"}) {
+    const auto [code, message] = error_of(source);
+    EXPECT_EQ(code, ErrorCode::kInvalidArgument) << source;
+    EXPECT_NE(message.find("overflow"), std::string::npos) << source << ": " << message;
+  }
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ (-1) ** 9223372036854775807 }} {{ 7 ** 0 }} {{ -7 // 2 }}"),
+            "4611686018427387904 -9223372036854775808 -1 1 -4");
+}
+
+TEST(ChatTemplateFuzzRegressions, HugeStepsEndSlicesAndRanges) {
+  EXPECT_EQ(render("{{ 'abc'[1::9223372036854775807] }}|{{ 'abc'[1::-9223372036854775807] }}"), "b|b");
+  EXPECT_EQ(render("{{ range(9223372036854775806, 9223372036854775807, 9223372036854775807) | list }}"),
+            "[9223372036854775806]");
+}
+
+TEST(ChatTemplateFuzzRegressions, StringsBuiltByRepeatingOrFormattingAreBounded) {
+  for (const char* source : {"{{ ('x' * 16777216) * 1099511627776 }}", "{{ 'ab' * 9223372036854775807 }}",
+                             "{{ ('{0}' * 1000000).format('x' * 1000) }}", "{{ '%s%s' % ('x' * 40000000, 'x' * 40000000) }}",
+                             "{{ (['x' * 60000000] * 1000000) | length }}"}) {
+    EXPECT_EQ(error_of(source).first, ErrorCode::kInvalidArgument) << source;
+  }
+}
+
+TEST(ChatTemplateFuzzRegressions, LongOperatorChainsAreSyntaxErrorsNotDeepTrees) {
+  std::string sum = "{{ 1";
+  for (int i = 0; i < 200000; ++i) sum += "+1";
+  EXPECT_EQ(error_of(sum + " }}").first, ErrorCode::kInvalidModel);
+  EXPECT_EQ(error_of(sum + " + }}").first, ErrorCode::kInvalidModel);
+  std::string conditions = "{{ 1";
+  for (int i = 0; i < 100000; ++i) conditions += " if 1 else 1";
+  EXPECT_EQ(error_of(conditions + " }}").first, ErrorCode::kInvalidModel);
+  std::string filters = "{{ 'x'";
+  for (int i = 0; i < 100000; ++i) filters += "|upper";
+  EXPECT_EQ(error_of(filters + " }}").first, ErrorCode::kInvalidModel);
+  // A chain real templates could write still parses and renders.
+  std::string fine = "{{ 0";
+  for (int i = 0; i < 100; ++i) fine += " + 1";
+  EXPECT_EQ(render(fine + " }}"), "100");
+}
+
 }  // namespace
 }  // namespace lazykv

@@ -1,6 +1,7 @@
 #include "coordinator/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -159,6 +160,9 @@ TEST(TokenizerEncode, InvalidUtf8BecomesReplacementCharacter) {
   EXPECT_EQ(utf8::repair("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
   // A truncated sequence at the end is one replacement character.
   EXPECT_EQ(utf8::repair("x\xF0\x9F\x98"), "x\xEF\xBF\xBD");
+  EXPECT_EQ(utf8::count_code_points("a\xC3\xA9\xF0\x9F\x98\x80z"), 4u);  // a, é, 😀, z
+  EXPECT_EQ(utf8::count_code_points("\xF0\x9F"), 1u);                      // cut short: once
+  EXPECT_EQ(utf8::count_code_points(""), 0u);
   EXPECT_EQ(ids, smollm2().encode(utf8::repair(invalid)));
 }
 
@@ -500,6 +504,44 @@ TEST_F(HandwrittenHfJson, RejectsUnsupportedTokenizers) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  }
+}
+
+// A corrupt or hostile tokenizer.json is a clear kInvalidModel error: no
+// overflow, no huge allocation from a tiny file, no deep recursion, no hang.
+TEST_F(HandwrittenHfJson, RejectsHostileFiles) {
+  const auto expect_invalid = [&](const std::string& json, const std::string& fragment) {
+    try {
+      Tokenizer::spec_from_hf_json(write("tokenizer.json", json));
+      FAIL() << "expected an error containing '" << fragment << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidModel) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  const auto with_vocab_entry = [](const std::string& entry) {
+    std::string json = kTinyQwen2Json;
+    json.replace(json.find("\"a\": 0"), 6, entry);
+    return json;
+  };
+  expect_invalid(with_vocab_entry("\"a\": 9223372036854775807"), "is not in [0, 2^24)");  // id + 1 overflowed
+  expect_invalid(with_vocab_entry("\"a\": 1e300"), "is not in [0, 2^24)");               // a float id
+  expect_invalid(with_vocab_entry("\"a\": -1"), "is not in [0, 2^24)");
+  expect_invalid(with_vocab_entry("\"a\": 16000000"), "only 10 tokens are listed");     // 16M empty entries
+  std::string deep = kTinyQwen2Json;
+  deep.replace(deep.find("\"post_processor\": null"), 22,
+               "\"post_processor\": " + std::string(100000, '[') + std::string(100000, ']'));
+  expect_invalid(deep, "nested deeper than 64 levels");
+
+  // tokenizer_config.json that is not a regular file (a FIFO would block the read forever).
+  const std::string path = write("tokenizer.json", kTinyQwen2Json);
+  ASSERT_EQ(::mkfifo((dir_ / "tokenizer_config.json").c_str(), 0600), 0);
+  try {
+    Tokenizer::spec_from_hf_json(path);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidModel);
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
   }
 }
 

@@ -107,6 +107,18 @@ TEST(Model, InconsistentHeadCountsAreRejected) {
   expect_invalid(path, "not a multiple of KV head count");
 }
 
+// Values past int are errors, not truncated to something that looks valid.
+TEST(Model, MetadataBeyondIntIsRejectedNotTruncated) {
+  const GgufValue huge{GgufType::kU64, uint64_t(1) << 32 | 4};  // truncated to int: 4
+  expect_invalid(rewrite(tiny(), "kv64.gguf", [&](GgufWriter& w) { w.set("llama.attention.head_count_kv", huge); }),
+                 "'llama.attention.head_count_kv' = 4294967300 out of range");
+  expect_invalid(rewrite(tiny(), "ctx0.gguf", [](GgufWriter& w) { w.set_u32("llama.context_length", 0); }),
+                 "'llama.context_length' = 0 out of range");
+  const GgufValue bos{GgufType::kU64, uint64_t(1) << 32 | 1};  // truncated: token 1
+  expect_invalid(rewrite(tiny(), "bos64.gguf", [&](GgufWriter& w) { w.set("tokenizer.ggml.bos_token_id", bos); }),
+                 "'tokenizer.ggml.bos_token_id' = 4294967297 is not a token id");
+}
+
 TEST(Model, MissingMetadataIsNamed) {
   const std::string src = tiny();
   const GgufFile f = GgufFile::open(src);
