@@ -246,10 +246,18 @@ bool NvmeTier::erase(const BlockKey& key) {
 }
 
 size_t NvmeTier::erase_sequence(uint64_t model_fingerprint, uint64_t sequence) {
+  return erase_range(model_fingerprint, sequence);
+}
+
+size_t NvmeTier::erase_model(uint64_t model_fingerprint) { return erase_range(model_fingerprint, std::nullopt); }
+
+size_t NvmeTier::erase_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence) {
   // The index holds exactly the database's blocks, so one batch of point
-  // deletes covers the sequence's key range (and keeps the accounting exact,
-  // which a DeleteRange over unknown keys would not).
-  const BlockKey first{.model_fingerprint = model_fingerprint, .sequence = sequence};
+  // deletes covers the key range (and keeps the accounting exact, which a
+  // DeleteRange over unknown keys would not).
+  const BlockKey first{.model_fingerprint = model_fingerprint, .sequence = sequence.value_or(0)};
+  const std::string what = sequence ? "sequence " + std::to_string(*sequence)
+                                    : "the blocks of model fingerprint " + std::to_string(model_fingerprint);
   std::lock_guard lock(impl_->mutex);
   auto begin = impl_->index.lower_bound(first);
   auto end = begin;
@@ -257,17 +265,17 @@ size_t NvmeTier::erase_sequence(uint64_t model_fingerprint, uint64_t sequence) {
   uint64_t freed = 0;
   size_t count = 0;
   for (; end != impl_->index.end() && end->first.model_fingerprint == model_fingerprint &&
-         end->first.sequence == sequence;
+         (!sequence || end->first.sequence == *sequence);
        ++end) {
     const auto encoded = encode_block_key(end->first);
     const rocksdb::Status status = batch.Delete(as_slice(encoded));
-    if (!status.ok()) throw_io("cannot batch the erase of sequence " + std::to_string(sequence), status);
+    if (!status.ok()) throw_io("cannot batch the erase of " + what, status);
     freed += end->second;
     ++count;
   }
   if (count == 0) return 0;
   const rocksdb::Status status = impl_->db->Write(impl_->write_options, &batch);
-  if (!status.ok()) throw_io("cannot erase sequence " + std::to_string(sequence), status);
+  if (!status.ok()) throw_io("cannot erase " + what, status);
   impl_->index.erase(begin, end);
   impl_->used_bytes -= freed;
   return count;

@@ -47,10 +47,14 @@ class NvmeTier {
   bool erase(const BlockKey& key);
   // Erases every block of one sequence; returns how many.
   size_t erase_sequence(uint64_t model_fingerprint, uint64_t sequence);
+  // Erases every block of every sequence of the fingerprint; returns how many.
+  size_t erase_model(uint64_t model_fingerprint);
   std::vector<BlockKey> keys() const;
   NvmeTierStats stats() const;
 
  private:
+  // One sequence's blocks, or (no sequence) all of the fingerprint's.
+  size_t erase_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -645,21 +645,29 @@ bool TierStore::drop(const BlockKey& key) {
 }
 
 size_t TierStore::drop_sequence(uint64_t model_fingerprint, uint64_t sequence) {
+  return drop_range(model_fingerprint, sequence);
+}
+
+size_t TierStore::drop_model(uint64_t model_fingerprint) { return drop_range(model_fingerprint, std::nullopt); }
+
+size_t TierStore::drop_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mutex);
+  const auto in_range = [&](const BlockKey& key) {
+    return key.model_fingerprint == model_fingerprint && (!sequence || key.sequence == *sequence);
+  };
   for (auto& [id, lease] : s.leases) {
-    if (lease.reservation && lease.key.model_fingerprint == model_fingerprint && lease.key.sequence == sequence) {
-      lease.cancelled = true;
-    }
+    if (lease.reservation && in_range(lease.key)) lease.cancelled = true;
   }
   size_t dropped = 0;
-  auto it = s.index.lower_bound(BlockKey{model_fingerprint, sequence, 0, 0, 0, 0});
-  while (it != s.index.end() && it->first.model_fingerprint == model_fingerprint && it->first.sequence == sequence) {
+  auto it = s.index.lower_bound(BlockKey{model_fingerprint, sequence.value_or(0), 0, 0, 0, 0});
+  while (it != s.index.end() && in_range(it->first)) {
     if (it->second.tier == Tier::kHost) s.retire_host_block(it->second.page);
     it = s.index.erase(it);
     ++dropped;
   }
-  if (s.nvme) s.nvme->erase_sequence(model_fingerprint, sequence);
+  if (s.nvme && sequence) s.nvme->erase_sequence(model_fingerprint, *sequence);
+  if (s.nvme && !sequence) s.nvme->erase_model(model_fingerprint);
   s.update_gauges();
   return dropped;
 }

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -132,6 +133,9 @@ class TierStore {
 
   bool drop(const BlockKey& key);                           // false if absent
   size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence);  // blocks dropped
+  // Every block of every sequence of the fingerprint (a worker process's,
+  // once it is gone); blocks dropped.
+  size_t drop_model(uint64_t model_fingerprint);
   // The peer is gone: abort its reservations and release its read leases.
   // Returns how many leases ended.
   size_t release_peer(PeerId peer);
@@ -139,6 +143,8 @@ class TierStore {
   TierStoreStats stats() const;
 
  private:
+  // drop_sequence, or with no sequence drop_model.
+  size_t drop_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence);
   friend class PutReservation;
   friend class ReadLease;
   void abort_reservation(uint64_t lease);

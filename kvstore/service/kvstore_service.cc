@@ -53,10 +53,7 @@ KvstoreService::KvstoreService(KvstoreServiceOptions options, metrics::Registry*
   handlers.on_request = [this](transport::ServerRequest&& request, transport::Responder responder) {
     on_request(std::move(request), std::move(responder));
   };
-  handlers.on_peer_lost = [this](transport::PeerId peer) {
-    const size_t ended = tiers_->release_peer(peer);
-    if (ended > 0) std::fprintf(stderr, "[kvstore] peer %llu lost: %zu leases released\n", (unsigned long long)peer, ended);
-  };
+  handlers.on_peer_lost = [this](transport::PeerId peer) { on_peer_lost(peer); };
   server_ = std::make_unique<transport::Server>(options_.transport, options_.data_host, options_.data_port,
                                                 std::move(handlers));
   server_->register_memory(tiers_->host_arena());
@@ -68,6 +65,26 @@ KvstoreService::~KvstoreService() {
 }
 
 uint16_t KvstoreService::data_port() const { return server_->port(); }
+
+void KvstoreService::on_peer_lost(transport::PeerId peer) {
+  // Leases first: a put still in flight then fails its commit instead of
+  // publishing a block after the drop.
+  const size_t ended = tiers_->release_peer(peer);
+  std::set<uint64_t> fingerprints;
+  {
+    std::lock_guard lock(peers_mutex_);
+    if (auto it = fingerprints_of_peer_.find(peer); it != fingerprints_of_peer_.end()) {
+      fingerprints.swap(it->second);
+      fingerprints_of_peer_.erase(it);
+    }
+  }
+  size_t dropped = 0;
+  for (uint64_t fingerprint : fingerprints) dropped += tiers_->drop_model(fingerprint);
+  if (ended > 0 || dropped > 0) {
+    std::fprintf(stderr, "[kvstore] peer %llu lost: %zu leases released, %zu blocks dropped\n",
+                 (unsigned long long)peer, ended, dropped);
+  }
+}
 
 void KvstoreService::count(uint32_t op, uint32_t status) {
   if (metrics_ == nullptr) return;
@@ -85,6 +102,10 @@ transport::PayloadSink KvstoreService::payload_sink(transport::PeerId peer, uint
     pending->checksum = put.checksum();
     pending->started = Clock::now();
     pending->reservation = tiers_->reserve_put(peer, pending->key, bytes, BlockHint{put.steps_until_use()});
+    {
+      std::lock_guard lock(peers_mutex_);
+      fingerprints_of_peer_[peer].insert(pending->key.model_fingerprint);
+    }
     const std::span<uint8_t> buffer = pending->reservation.buffer().first(bytes);
     return transport::PayloadSink{buffer, std::move(pending)};
   } catch (const Error& e) {

@@ -13,7 +13,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "common/metrics/registry.h"
@@ -54,12 +57,17 @@ class KvstoreService final : public ::lazykv::kvstore::v1::Kvstore::Service {
   transport::PayloadSink payload_sink(transport::PeerId peer, uint32_t op, std::span<const uint8_t> header,
                                       size_t bytes);
   void on_request(transport::ServerRequest&& request, transport::Responder responder);
+  void on_peer_lost(transport::PeerId peer);
   void count(uint32_t op, uint32_t status);
 
   KvstoreServiceOptions options_;
   metrics::Registry* metrics_;
   const uint64_t instance_id_;
   std::unique_ptr<TierStore> tiers_;
+  // The model fingerprints each connected peer put blocks under: when the
+  // peer (a worker process) is gone, nobody can read or drop them any more.
+  std::mutex peers_mutex_;
+  std::map<transport::PeerId, std::set<uint64_t>> fingerprints_of_peer_;
   std::unique_ptr<transport::Server> server_;  // after tiers_: stopped before the tiers close
 };
 

@@ -4,7 +4,8 @@
 // kvstore killed in the middle of a transfer (an error within the peer
 // timeout, never a hang); restarted on the same RocksDB path (tier-2 blocks
 // come back verified); an abort storm of 1,000 cancels during transfers
-// (zero leases and zero leaked blocks afterwards).
+// (zero leases and zero leaked blocks afterwards); a worker that goes away
+// leaves no block behind.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -241,6 +242,37 @@ TEST(KvstoreProcess, RestartedOnTheSameRocksDbServesItsTier2BlocksVerified) {
     }
   }
   EXPECT_GE(served, nvme_blocks);
+  EXPECT_EQ(kvstore.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// A worker that goes away (exits, is killed, its connection drops) can never
+// read or drop its blocks again: the kvstore drops them, in both tiers, so
+// they do not hold its capacity forever.
+TEST(KvstoreProcess, TheBlocksOfAWorkerThatIsGoneAreDroppedFromBothTiers) {
+  const std::string dir = temp_dir("lazykv-kvstore-peer-gone");
+  KvstoreProcess kvstore({"--host-capacity-mib", "4", "--alloc-unit-kib", "64", "--nvme-path", dir,
+                          "--transports", "tcp"});
+  {
+    KvstoreClient gone(client_options(kvstore, "tcp"));
+    for (uint64_t i = 0; i < 32; ++i) {
+      const BlockKey key = key_of(100 + i, 1, 2, 512 << 10);
+      gone.put(key, payload_of(key, 512 << 10), BlockHint{100});
+    }
+    const TierStoreStats stats = gone.stats();
+    ASSERT_GT(stats.host_blocks, 0u);
+    ASSERT_GT(stats.nvme_blocks, 0u);
+  }  // gone without a drop_sequence
+  KvstoreClient next(client_options(kvstore, "tcp"));
+  TierStoreStats stats = next.stats();
+  for (const auto deadline = Clock::now() + 10s; stats.host_blocks + stats.nvme_blocks > 0 && Clock::now() < deadline;) {
+    std::this_thread::sleep_for(50ms);
+    stats = next.stats();
+  }
+  EXPECT_EQ(stats.host_blocks, 0u);
+  EXPECT_EQ(stats.nvme_blocks, 0u);
+  EXPECT_EQ(stats.nvme_used_bytes, 0u);
+  EXPECT_EQ(stats.host_used_bytes, 0u);
   EXPECT_EQ(kvstore.stop(), 0);
   std::filesystem::remove_all(dir);
 }

@@ -81,14 +81,21 @@ bool unreachable(const std::exception& e) {
 }  // namespace
 
 void TierMover::failed(const std::exception& e, bool fatal) {
+  std::shared_ptr<kvstore::BlockStore> closing;  // released after the lock: closing may take a while
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.failures;
   stats_.last_error = e.what();
   if (fatal && available_.exchange(false)) {
     stats_.available = false;
+    closing = std::move(store_);
     std::fprintf(stderr, "[tiers] %s is unavailable (%s); continuing without tiers\n", description_.c_str(),
                  e.what());
   }
+}
+
+std::shared_ptr<kvstore::BlockStore> TierMover::live_store() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return available() ? store_ : nullptr;
 }
 
 bool TierMover::put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kvstore::BlockHint hint) {
@@ -102,9 +109,10 @@ bool TierMover::put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kv
   }
   auto payload = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
   enqueue(lane_of(key), Op{[this, key, payload, hint] {
-               if (!available()) return;
+               const std::shared_ptr<kvstore::BlockStore> store = live_store();
+               if (!store) return;
                try {
-                 store_->put(key, *payload, hint);
+                 store->put(key, *payload, hint);
                  std::lock_guard<std::mutex> lock(mutex_);
                  ++stats_.blocks_demoted;
                  stats_.bytes_demoted += payload->size();
@@ -120,13 +128,14 @@ std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t byt
   if (!available()) return nullptr;
   auto fetch = std::make_shared<Fetch>();
   enqueue(lane_of(key), Op{[this, key, bytes, hint, fetch] {
-               if (!available()) {
+               const std::shared_ptr<kvstore::BlockStore> store = live_store();
+               if (!store) {
                  fetch->finish(Fetch::State::kFailed, "tiers unavailable");
                  return;
                }
                try {
                  fetch->bytes_.resize(bytes);
-                 const size_t got = store_->get(key, fetch->bytes_, hint);
+                 const size_t got = store->get(key, fetch->bytes_, hint);
                  if (got != bytes) {
                    throw Error(ErrorCode::kIo, "block " + key.to_string() + " came back with " + std::to_string(got) +
                                                    " bytes, expected " + std::to_string(bytes));
@@ -150,9 +159,10 @@ std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t byt
 void TierMover::drop(const kvstore::BlockKey& key) {
   if (!available()) return;
   enqueue(lane_of(key), Op{[this, key] {
-               if (!available()) return;
+               const std::shared_ptr<kvstore::BlockStore> store = live_store();
+               if (!store) return;
                try {
-                 store_->drop(key);
+                 store->drop(key);
                } catch (const std::exception& e) {
                  failed(e, unreachable(e));
                }
@@ -167,9 +177,11 @@ void TierMover::drop_sequence(uint64_t model_fingerprint, uint64_t sequence) {
   auto waiting = std::make_shared<std::atomic<size_t>>(kLanes);
   for (size_t lane = 0; lane < kLanes; ++lane) {
     enqueue(lane, Op{[this, model_fingerprint, sequence, waiting] {
-                       if (waiting->fetch_sub(1) != 1 || !available()) return;
+                       if (waiting->fetch_sub(1) != 1) return;
+                       const std::shared_ptr<kvstore::BlockStore> store = live_store();
+                       if (!store) return;
                        try {
-                         store_->drop_sequence(model_fingerprint, sequence);
+                         store->drop_sequence(model_fingerprint, sequence);
                        } catch (const std::exception& e) {
                          failed(e, unreachable(e));
                        }
@@ -184,9 +196,10 @@ void TierMover::flush() {
 }
 
 kvstore::TierStoreStats TierMover::store_stats() {
-  if (!available()) return {};
+  const std::shared_ptr<kvstore::BlockStore> store = live_store();
+  if (!store) return {};
   try {
-    return store_->stats();
+    return store->stats();
   } catch (const Error&) {
     return {};
   }

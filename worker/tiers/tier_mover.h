@@ -9,7 +9,8 @@
 // Failure: an Error(kUnavailable) from the store (the kvstore died) turns
 // the tiers off for the rest of the process: it is logged once, pending
 // fetches fail, further puts are refused, and policies go on as if they had
-// no tiers (lazy+tiers then evicts exactly like lazy). Other failures (no
+// no tiers (lazy+tiers then evicts exactly like lazy); the store is closed,
+// so a kvstore that was only slow drops what this worker put. Other failures (no
 // room, a block not found, any other exception) fail that one block only.
 #pragma once
 
@@ -104,7 +105,11 @@ class TierMover {
   bool idle_locked() const;
   void failed(const std::exception& e, bool fatal);
 
-  std::unique_ptr<kvstore::BlockStore> store_;
+  // The store while the tiers are on (null after): closed once the tiers turn
+  // off and the last operation using it ends, so a kvstore that is still
+  // alive sees this worker go and frees its blocks.
+  std::shared_ptr<kvstore::BlockStore> live_store() const;
+  std::shared_ptr<kvstore::BlockStore> store_;  // guarded by mutex_
   const std::string description_;
   const uint64_t max_queued_bytes_;
   std::atomic<bool> available_{true};

@@ -314,6 +314,21 @@ TEST(TierStore, DropSequenceCoversBothTiers) {
   EXPECT_EQ(read(store, key_of(2, 0)), payload(key_of(2, 0), 1));
 }
 
+TEST(TierStore, DropModelDropsEverySequenceOfOneFingerprintInBothTiers) {
+  TempDir dir;
+  TierStore store(with_nvme(2, dir));
+  const BlockKey other{kFingerprint + 1, 1, 1, 2, 0, 16};  // another worker's: stays
+  put(store, other, payload(other, 1));
+  for (uint64_t s = 1; s <= 3; ++s) put(store, key_of(s, 0), payload(key_of(s, 0), 1));  // two spill
+  ASSERT_EQ(store.stats().nvme_blocks, 2u);
+  EXPECT_EQ(store.drop_model(kFingerprint), 3u);
+  EXPECT_EQ(store.drop_model(kFingerprint), 0u);
+  const TierStoreStats stats = store.stats();
+  EXPECT_EQ(stats.host_blocks + stats.nvme_blocks, 1u);
+  for (uint64_t s = 1; s <= 3; ++s) expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(s, 0), {}); });
+  EXPECT_EQ(read(store, other), payload(other, 1));
+}
+
 TEST(TierStore, ReleasePeerEndsItsLeasesAndLaterDestructionIsHarmless) {
   TierStore store(host_only(4));
   put(store, key_of(1, 0), payload(key_of(1, 0), 1));

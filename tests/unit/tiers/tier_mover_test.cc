@@ -17,6 +17,8 @@ namespace {
 
 class FaultyStore final : public kvstore::BlockStore {
  public:
+  explicit FaultyStore(std::atomic<bool>& closed) : closed_(closed) {}
+  ~FaultyStore() override { closed_ = true; }
   std::atomic<bool> unreachable{false};
   void put(const kvstore::BlockKey&, std::span<const uint8_t>, kvstore::BlockHint) override {
     if (unreachable) throw Error(ErrorCode::kUnavailable, "kvstore gone");
@@ -30,10 +32,14 @@ class FaultyStore final : public kvstore::BlockStore {
   size_t drop_sequence(uint64_t, uint64_t) override { return 0; }
   kvstore::TierStoreStats stats() override { return {}; }
   std::string describe() const override { return "faulty test store"; }
+
+ private:
+  std::atomic<bool>& closed_;
 };
 
 TEST(TierMover, AFailureThatIsNotAnErrorFailsOneOperationAndTheThreadsGoOn) {
-  auto owned = std::make_unique<FaultyStore>();
+  std::atomic<bool> closed{false};
+  auto owned = std::make_unique<FaultyStore>(closed);
   FaultyStore* store = owned.get();
   TierMover mover(std::move(owned));
   const kvstore::BlockKey key{1, 2, 0, 0, 0, 16};
@@ -47,7 +53,9 @@ TEST(TierMover, AFailureThatIsNotAnErrorFailsOneOperationAndTheThreadsGoOn) {
   EXPECT_TRUE(mover.available()) << "a failed allocation is not a dead kvstore";
   EXPECT_EQ(mover.stats().failures, 2u);
 
-  // The same lanes still run: an unreachable store now turns the tiers off.
+  // The same lanes still run: an unreachable store now turns the tiers off,
+  // and is closed (a kvstore that was only slow then drops this worker's blocks).
+  EXPECT_FALSE(closed);
   store->unreachable = true;
   std::shared_ptr<Fetch> second = mover.fetch(key, 64, {});
   ASSERT_NE(second, nullptr);
@@ -55,7 +63,9 @@ TEST(TierMover, AFailureThatIsNotAnErrorFailsOneOperationAndTheThreadsGoOn) {
   EXPECT_EQ(second->state(), Fetch::State::kFailed);
   mover.flush();
   EXPECT_FALSE(mover.available());
+  EXPECT_TRUE(closed) << "the store stays open while the mover lives";
   EXPECT_EQ(mover.fetch(key, 64, {}), nullptr);
+  EXPECT_EQ(mover.store_stats().puts, 0u);
 }
 
 }  // namespace
