@@ -136,7 +136,13 @@ class Reader {
   size_t pos_ = 0;
 };
 
-GgufValue read_value(Reader& r, GgufType type, const std::string& where, int depth) {
+// Array elements in all metadata together. Each parsed value takes about 48
+// bytes however small it is in the file (a u8), so counts bounded only by
+// the file's size would let a 1 GB file take 48 GB. Real models have about
+// 1.5M (tokens, merges, types, scores).
+constexpr uint64_t kMaxMetadataItems = uint64_t{1} << 24;
+
+GgufValue read_value(Reader& r, GgufType type, const std::string& where, int depth, uint64_t& items_left) {
   GgufValue v;
   v.type = type;
   switch (type) {
@@ -179,11 +185,16 @@ GgufValue read_value(Reader& r, GgufType type, const std::string& where, int dep
              " cannot fit in the " + std::to_string(r.remaining()) + " bytes left, " + where +
              " at offset " + std::to_string(at));
       }
+      if (count > items_left) {
+        fail("array length " + std::to_string(count) + ", " + where + ", takes the metadata past " +
+             std::to_string(kMaxMetadataItems) + " array elements");
+      }
+      items_left -= count;
       GgufArray arr;
       arr.elem_type = elem_type;
       arr.items.reserve(static_cast<size_t>(count));
       for (uint64_t i = 0; i < count; ++i) {
-        arr.items.push_back(read_value(r, elem_type, where, depth + 1));
+        arr.items.push_back(read_value(r, elem_type, where, depth + 1, items_left));
       }
       v.value = std::move(arr);
       break;
@@ -261,6 +272,7 @@ void GgufFile::parse_bytes(std::span<const uint8_t> bytes) {
     fail("metadata count " + std::to_string(kv_count) + " cannot fit in the " +
          std::to_string(r.remaining()) + " bytes left, at offset 16");
   }
+  uint64_t items_left = kMaxMetadataItems;
   for (uint64_t i = 0; i < kv_count; ++i) {
     const std::string where_key = "metadata key #" + std::to_string(i);
     std::string key = r.read_string(where_key);
@@ -271,7 +283,7 @@ void GgufFile::parse_bytes(std::span<const uint8_t> bytes) {
       fail("unknown metadata type " + std::to_string(type_id) + ", " + where + " at offset " +
            std::to_string(type_at));
     }
-    GgufValue value = read_value(r, static_cast<GgufType>(type_id), where, 0);
+    GgufValue value = read_value(r, static_cast<GgufType>(type_id), where, 0, items_left);
     if (metadata_.count(key) != 0) fail("duplicate metadata " + where);
     metadata_.emplace(std::move(key), std::move(value));
   }
@@ -358,6 +370,13 @@ void GgufFile::parse_bytes(std::span<const uint8_t> bytes) {
            std::to_string(data_start) + ")");
     }
     t.data = bytes.data() + data_start + t.offset;
+    // Kernels read f32 values and the f16 scales of quantized blocks in
+    // place: data at an odd address (possible with general.alignment 1 or 2)
+    // would be undefined behaviour there.
+    if (reinterpret_cast<uintptr_t>(t.data) % 4 != 0) {
+      fail("tensor " + quote(t.name) + " data at file offset " + std::to_string(data_start + t.offset) +
+           " is not 4-byte aligned (general.alignment " + std::to_string(alignment) + ")");
+    }
   }
 
   // Tensors may come in any order in the info table, but never share bytes.

@@ -357,6 +357,8 @@ TEST(GgufTest, RejectsBadAlignmentAndDeepNesting) {
   std::vector<uint8_t> bad_type = bytes;
   poke<uint32_t>(bad_type, key_at + 17, static_cast<uint32_t>(GgufType::kI32));
   expect_invalid(bad_type, "key 'general.alignment' has type i32, expected u32");
+  // Alignment 1 puts tensor data at odd addresses, which the kernels cannot read in place.
+  expect_invalid(w.to_bytes(1), "is not 4-byte aligned (general.alignment 1)");
 
   GgufValue v{GgufType::kU8, uint64_t{1}};
   for (int depth = 0; depth < 12; ++depth) {
@@ -366,6 +368,28 @@ TEST(GgufTest, RejectsBadAlignmentAndDeepNesting) {
   GgufWriter deep;
   deep.set("deep", v);
   expect_invalid(deep.to_bytes(), "arrays nested deeper than 8 levels, key 'deep'");
+}
+
+// A u8 takes one byte in the file but a whole parsed value in memory: the
+// elements of all arrays together are bounded, not only by the file's size.
+TEST(GgufTest, MetadataArraysAreBoundedInElements) {
+  const uint64_t count = (uint64_t{1} << 24) + 1;
+  std::vector<uint8_t> bytes;
+  const auto put = [&](auto value) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&value);
+    bytes.insert(bytes.end(), p, p + sizeof(value));
+  };
+  bytes.insert(bytes.end(), {'G', 'G', 'U', 'F'});
+  put(uint32_t{3});   // version
+  put(uint64_t{0});   // tensors
+  put(uint64_t{1});   // metadata
+  put(uint64_t{3});
+  bytes.insert(bytes.end(), {'b', 'i', 'g'});
+  put(static_cast<uint32_t>(GgufType::kArray));
+  put(static_cast<uint32_t>(GgufType::kU8));
+  put(count);
+  bytes.resize(bytes.size() + count, 0);
+  expect_invalid(bytes, "array length 16777217, key 'big', takes the metadata past 16777216 array elements");
 }
 
 TEST(GgufTest, RandomMutationsNeverCrash) {
