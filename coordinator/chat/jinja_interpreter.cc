@@ -45,6 +45,22 @@ class Interpreter {
     if (++steps_ > kMaxSteps) fail("chat template exceeded its execution budget");
   }
 
+  void charge(uint64_t units) {
+    work_ += units;
+    if (work_ > kMaxWork) fail("chat template exceeded its execution budget (work inside expressions)");
+  }
+  // What building `v` cost: its items, or its bytes in units of 64.
+  static uint64_t size_units(const Value& v) {
+    if (!v.is_json()) return 0;
+    const Json& j = v.json();
+    if (j.is_string()) return j.get_ref<const std::string&>().size() / 64;
+    return j.is_array() || j.is_object() ? j.size() : 0;
+  }
+  Value produced(Value v) {
+    charge(size_units(v));
+    return v;
+  }
+
   static void append(std::string& out, std::string_view text) {
     if (out.size() + text.size() > kMaxOutputBytes)
       fail("chat template output exceeds " + std::to_string(kMaxOutputBytes) + " bytes");
@@ -227,6 +243,7 @@ class Interpreter {
 
   Value eval(const Expr& expr, const FramePtr& frame) {
     DepthGuard guard(*this);
+    charge(1);
     switch (expr.kind) {
       case Expr::Kind::kLiteral: return Value(expr.literal);
       case Expr::Kind::kName: return lookup(frame, expr.name);
@@ -245,20 +262,24 @@ class Interpreter {
         return dict;
       }
       case Expr::Kind::kAttribute: return get_attribute(eval(*expr.items[0], frame), expr.name);
-      case Expr::Kind::kIndex: return get_item(eval(*expr.items[0], frame), eval(*expr.items[1], frame));
+      case Expr::Kind::kIndex: {
+        Value object = eval(*expr.items[0], frame);
+        if (object.is_string()) charge(size_units(object));  // a string is indexed by code point: a scan
+        return produced(get_item(object, eval(*expr.items[1], frame)));
+      }
       case Expr::Kind::kSlice: {
         Value object = eval(*expr.items[0], frame);
         auto part = [&](size_t i) { return expr.items[i] ? eval(*expr.items[i], frame) : Value(nullptr); };
-        return get_slice(object, part(1), part(2), part(3));
+        return produced(get_slice(object, part(1), part(2), part(3)));
       }
       case Expr::Kind::kCall: {
         Value callee = eval(*expr.items[0], frame);
         CallArgs args = eval_args(expr, frame);
-        return call_value(callee, args);
+        return produced(call_value(callee, args));
       }
       case Expr::Kind::kFilter: {
         Value input = eval(*expr.items[0], frame);
-        return apply_filter(expr.name, input, eval_args(expr, frame));
+        return produced(apply_filter(expr.name, input, eval_args(expr, frame)));
       }
       case Expr::Kind::kTest: {
         Value subject = eval(*expr.items[0], frame);
@@ -273,7 +294,7 @@ class Interpreter {
         return operand;
       }
       case Expr::Kind::kBinary:
-        return binary_op(expr.name, eval(*expr.items[0], frame), eval(*expr.items[1], frame));
+        return produced(binary_op(expr.name, eval(*expr.items[0], frame), eval(*expr.items[1], frame)));
       case Expr::Kind::kAnd: {
         Value left = eval(*expr.items[0], frame);
         return truthy(left) ? eval(*expr.items[1], frame) : left;
@@ -294,6 +315,7 @@ class Interpreter {
   FramePtr root_;
   int depth_ = 0;
   uint64_t steps_ = 0;
+  uint64_t work_ = 0;
 };
 
 }  // namespace

@@ -241,6 +241,18 @@ TEST(ChatTemplateFuzzRegressions, StringsBuiltByRepeatingOrFormattingAreBounded)
   }
 }
 
+TEST(ChatTemplateFuzzRegressions, WorkInsideExpressionsIsBudgeted) {
+  // Within the statement budget (900k iterations), but each builds 6.4 MB:
+  // hours of work before, a budget error after about 200 (the same rule
+  // stops lists: range(100000) in that loop).
+  for (const char* source :
+       {"{% set s = 'x' * 100000 %}{% for i in range(900000) %}{% if (s * 64) | length %}{% endif %}{% endfor %}"}) {
+    const auto [code, message] = error_of(source);
+    EXPECT_EQ(code, ErrorCode::kInvalidArgument) << source;
+    EXPECT_NE(message.find("execution budget"), std::string::npos) << message;
+  }
+}
+
 TEST(ChatTemplateFuzzRegressions, LongOperatorChainsAreSyntaxErrorsNotDeepTrees) {
   std::string sum = "{{ 1";
   for (int i = 0; i < 200000; ++i) sum += "+1";
