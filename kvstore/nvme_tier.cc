@@ -1,5 +1,6 @@
 #include "kvstore/nvme_tier.h"
 
+#include <cstdint>
 #include <rocksdb/db.h>
 #include <rocksdb/iterator.h>
 #include <rocksdb/options.h>
@@ -246,12 +247,14 @@ bool NvmeTier::erase(const BlockKey& key) {
 }
 
 size_t NvmeTier::erase_sequence(uint64_t model_fingerprint, uint64_t sequence) {
-  return erase_range(model_fingerprint, sequence);
+  return erase_range(model_fingerprint, sequence, SIZE_MAX);
 }
 
-size_t NvmeTier::erase_model(uint64_t model_fingerprint) { return erase_range(model_fingerprint, std::nullopt); }
+size_t NvmeTier::erase_model(uint64_t model_fingerprint, size_t limit) {
+  return erase_range(model_fingerprint, std::nullopt, limit);
+}
 
-size_t NvmeTier::erase_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence) {
+size_t NvmeTier::erase_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence, size_t limit) {
   // The index holds exactly the database's blocks, so one batch of point
   // deletes covers the key range (and keeps the accounting exact, which a
   // DeleteRange over unknown keys would not).
@@ -264,7 +267,7 @@ size_t NvmeTier::erase_range(uint64_t model_fingerprint, std::optional<uint64_t>
   rocksdb::WriteBatch batch;
   uint64_t freed = 0;
   size_t count = 0;
-  for (; end != impl_->index.end() && end->first.model_fingerprint == model_fingerprint &&
+  for (; count < limit && end != impl_->index.end() && end->first.model_fingerprint == model_fingerprint &&
          (!sequence || end->first.sequence == *sequence);
        ++end) {
     const auto encoded = encode_block_key(end->first);

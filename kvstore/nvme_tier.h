@@ -47,14 +47,15 @@ class NvmeTier {
   bool erase(const BlockKey& key);
   // Erases every block of one sequence; returns how many.
   size_t erase_sequence(uint64_t model_fingerprint, uint64_t sequence);
-  // Erases every block of every sequence of the fingerprint; returns how many.
-  size_t erase_model(uint64_t model_fingerprint);
+  // Erases blocks of any sequence of the fingerprint, at most `limit` (so a
+  // caller can release its locks between batches); returns how many.
+  size_t erase_model(uint64_t model_fingerprint, size_t limit);
   std::vector<BlockKey> keys() const;
   NvmeTierStats stats() const;
 
  private:
-  // One sequence's blocks, or (no sequence) all of the fingerprint's.
-  size_t erase_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence);
+  // One sequence's blocks, or (no sequence) the fingerprint's; at most `limit`.
+  size_t erase_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence, size_t limit);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -645,12 +645,22 @@ bool TierStore::drop(const BlockKey& key) {
 }
 
 size_t TierStore::drop_sequence(uint64_t model_fingerprint, uint64_t sequence) {
-  return drop_range(model_fingerprint, sequence);
+  return drop_range(model_fingerprint, sequence, SIZE_MAX).first;
 }
 
-size_t TierStore::drop_model(uint64_t model_fingerprint) { return drop_range(model_fingerprint, std::nullopt); }
+size_t TierStore::drop_model(uint64_t model_fingerprint) {
+  constexpr size_t kBatch = 4096;
+  size_t dropped = 0;
+  for (bool more = true; more;) {
+    const auto [n, left] = drop_range(model_fingerprint, std::nullopt, kBatch);
+    dropped += n;
+    more = left;
+  }
+  return dropped;
+}
 
-size_t TierStore::drop_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence) {
+std::pair<size_t, bool> TierStore::drop_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence,
+                                              size_t limit) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mutex);
   const auto in_range = [&](const BlockKey& key) {
@@ -661,15 +671,16 @@ size_t TierStore::drop_range(uint64_t model_fingerprint, std::optional<uint64_t>
   }
   size_t dropped = 0;
   auto it = s.index.lower_bound(BlockKey{model_fingerprint, sequence.value_or(0), 0, 0, 0, 0});
-  while (it != s.index.end() && in_range(it->first)) {
+  while (dropped < limit && it != s.index.end() && in_range(it->first)) {
     if (it->second.tier == Tier::kHost) s.retire_host_block(it->second.page);
     it = s.index.erase(it);
     ++dropped;
   }
+  bool left = it != s.index.end() && in_range(it->first);
   if (s.nvme && sequence) s.nvme->erase_sequence(model_fingerprint, *sequence);
-  if (s.nvme && !sequence) s.nvme->erase_model(model_fingerprint);
+  if (s.nvme && !sequence) left = s.nvme->erase_model(model_fingerprint, limit) == limit || left;
   s.update_gauges();
-  return dropped;
+  return {dropped, left};
 }
 
 size_t TierStore::release_peer(PeerId peer) {

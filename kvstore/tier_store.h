@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "common/metrics/registry.h"
 #include "kvstore/block.h"
@@ -134,7 +135,8 @@ class TierStore {
   bool drop(const BlockKey& key);                           // false if absent
   size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence);  // blocks dropped
   // Every block of every sequence of the fingerprint (a worker process's,
-  // once it is gone); blocks dropped.
+  // once it is gone); blocks dropped. In batches, the lock released between
+  // them, since a worker's blocks can be millions.
   size_t drop_model(uint64_t model_fingerprint);
   // The peer is gone: abort its reservations and release its read leases.
   // Returns how many leases ended.
@@ -143,8 +145,10 @@ class TierStore {
   TierStoreStats stats() const;
 
  private:
-  // drop_sequence, or with no sequence drop_model.
-  size_t drop_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence);
+  // drop_sequence, or with no sequence one batch of drop_model (at most
+  // `limit` index entries and tier-2 blocks). Returns the index entries
+  // dropped and whether any may be left.
+  std::pair<size_t, bool> drop_range(uint64_t model_fingerprint, std::optional<uint64_t> sequence, size_t limit);
   friend class PutReservation;
   friend class ReadLease;
   void abort_reservation(uint64_t lease);

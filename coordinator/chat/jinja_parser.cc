@@ -14,7 +14,7 @@ constexpr int kMaxNesting = 128;
 // Links of operator chains (a + b + c, x|f|g, a.b[0](c)) on the way to a
 // node: each is one more level of the tree, which evaluation and destruction
 // walk recursively, so it is bounded as nesting is.
-constexpr int kMaxChainLinks = 1024;
+constexpr int kMaxChainLinks = 256;  // well below the evaluator's depth limit (500), so what parses renders
 
 using T = Token::Type;
 

@@ -12,10 +12,6 @@ namespace lazykv {
 using Clock = std::chrono::steady_clock;
 // After a worker failure, how long until the next attempt.
 constexpr auto kWorkerRetryDelay = std::chrono::milliseconds(100);
-// Times a sequence goes back to the queue because the step that would have
-// started it failed; then it fails too, so a request that crashes the worker
-// cannot crash every restart of it.
-constexpr int kMaxStartRetries = 3;
 
 struct Scheduler::Sequence {
   Sequence(uint64_t id, SequenceRequest r, std::shared_ptr<SequenceStream> stream, const Tokenizer& tokenizer)
@@ -31,7 +27,7 @@ struct Scheduler::Sequence {
   bool prefilled = false;  // its prompt (plus generated tokens, after a preemption) is cached
   int32_t prompt_fed = 0;  // of those, tokens prefilled so far (chunked prefill)
   bool counted = false;    // prompt tokens counted in the metrics
-  int start_retries = 0;   // times put back in the queue by a failed step that would have started it
+  Clock::time_point first_failed_start{};  // when a step that would have started it first failed
   bool done = false;
   Clock::time_point last_token{};
   // What the worker prefills: the prompt, plus what was generated before a preemption.
@@ -315,10 +311,13 @@ bool Scheduler::step_once() {
     std::unordered_set<SeqId> starting;
     for (const SequenceStart& s : plan.start) starting.insert(s.seq);
     const bool retry = worker_.alive();
+    const auto now = Clock::now();
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
       Sequence& seq = **it;
-      if (retry && starting.count(SeqId(seq.id)) > 0 && seq.start_retries < kMaxStartRetries) {
-        ++seq.start_retries;
+      if (starting.count(SeqId(seq.id)) > 0 && seq.first_failed_start == Clock::time_point{}) {
+        seq.first_failed_start = now;
+      }
+      if (retry && starting.count(SeqId(seq.id)) > 0 && now - seq.first_failed_start < options_.start_retry_window) {
         seq.started = false;
         seq.prefilled = false;
         seq.prompt_fed = 0;

@@ -15,8 +15,9 @@
 //
 // A step that throws (the worker broke) ends the sequences that ran on it
 // with an error; those it would have started never ran and go back to the
-// head of the queue (3 times at most), unless the worker is declared dead
-// (StepExecutor::alive()), when they fail at once too.
+// head of the queue (for start_retry_window after their first failed start),
+// unless the worker is declared dead (StepExecutor::alive()), when they fail
+// at once too.
 #pragma once
 
 #include <atomic>
@@ -45,6 +46,11 @@ struct SchedulerOptions {
   // prefilled in chunks over several steps; an evicting policy's prompt runs
   // whole (in a step of its own when it exceeds this).
   int32_t max_prefill_tokens = 512;
+  // How long a sequence whose start failed (the worker broke before it ran)
+  // keeps being started again: long enough for a restarting worker to come
+  // back or be declared dead (3 s with the default heartbeats); a request
+  // that crashes the worker then fails instead of crashing it forever.
+  std::chrono::milliseconds start_retry_window{10'000};
   std::string worker_label = "0";    // the `worker` label of step metrics
 };
 

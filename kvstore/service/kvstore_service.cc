@@ -57,10 +57,17 @@ KvstoreService::KvstoreService(KvstoreServiceOptions options, metrics::Registry*
   server_ = std::make_unique<transport::Server>(options_.transport, options_.data_host, options_.data_port,
                                                 std::move(handlers));
   server_->register_memory(tiers_->host_arena());
+  cleaner_ = std::thread([this] { drop_lost_peers(); });
 }
 
 KvstoreService::~KvstoreService() {
   server_.reset();  // no transfer may touch the tiers after this
+  {
+    std::lock_guard lock(peers_mutex_);
+    stopping_ = true;
+  }
+  cleaner_wake_.notify_all();
+  cleaner_.join();
   tiers_.reset();
 }
 
@@ -70,19 +77,36 @@ void KvstoreService::on_peer_lost(transport::PeerId peer) {
   // Leases first: a put still in flight then fails its commit instead of
   // publishing a block after the drop.
   const size_t ended = tiers_->release_peer(peer);
-  std::set<uint64_t> fingerprints;
+  if (ended > 0) std::fprintf(stderr, "[kvstore] peer %llu lost: %zu leases released\n", (unsigned long long)peer, ended);
   {
     std::lock_guard lock(peers_mutex_);
-    if (auto it = fingerprints_of_peer_.find(peer); it != fingerprints_of_peer_.end()) {
-      fingerprints.swap(it->second);
-      fingerprints_of_peer_.erase(it);
-    }
+    auto it = fingerprints_of_peer_.find(peer);
+    if (it == fingerprints_of_peer_.end()) return;
+    lost_peers_.emplace_back(peer, std::move(it->second));
+    fingerprints_of_peer_.erase(it);
   }
-  size_t dropped = 0;
-  for (uint64_t fingerprint : fingerprints) dropped += tiers_->drop_model(fingerprint);
-  if (ended > 0 || dropped > 0) {
-    std::fprintf(stderr, "[kvstore] peer %llu lost: %zu leases released, %zu blocks dropped\n",
-                 (unsigned long long)peer, ended, dropped);
+  cleaner_wake_.notify_all();
+}
+
+void KvstoreService::drop_lost_peers() {
+  std::unique_lock lock(peers_mutex_);
+  for (;;) {
+    cleaner_wake_.wait(lock, [&] { return stopping_ || !lost_peers_.empty(); });
+    if (stopping_) return;
+    auto [peer, fingerprints] = std::move(lost_peers_.front());
+    lost_peers_.pop_front();
+    lock.unlock();
+    size_t dropped = 0;
+    try {
+      for (uint64_t fingerprint : fingerprints) dropped += tiers_->drop_model(fingerprint);
+    } catch (const Error& e) {  // a tier-2 write failed: what is left stays until a restart
+      std::fprintf(stderr, "[kvstore] dropping the blocks of lost peer %llu failed: %s\n", (unsigned long long)peer,
+                   e.what());
+    }
+    if (dropped > 0) {
+      std::fprintf(stderr, "[kvstore] peer %llu lost: %zu blocks dropped\n", (unsigned long long)peer, dropped);
+    }
+    lock.lock();
   }
 }
 

@@ -13,11 +13,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "common/metrics/registry.h"
 #include "kvstore/tier_store.h"
@@ -58,6 +62,7 @@ class KvstoreService final : public ::lazykv::kvstore::v1::Kvstore::Service {
                                       size_t bytes);
   void on_request(transport::ServerRequest&& request, transport::Responder responder);
   void on_peer_lost(transport::PeerId peer);
+  void drop_lost_peers();  // the cleaner thread
   void count(uint32_t op, uint32_t status);
 
   KvstoreServiceOptions options_;
@@ -65,9 +70,15 @@ class KvstoreService final : public ::lazykv::kvstore::v1::Kvstore::Service {
   const uint64_t instance_id_;
   std::unique_ptr<TierStore> tiers_;
   // The model fingerprints each connected peer put blocks under: when the
-  // peer (a worker process) is gone, nobody can read or drop them any more.
+  // peer (a worker process) is gone, nobody can read or drop them any more,
+  // so the cleaner thread drops them, off the transport's thread (a worker's
+  // blocks can be millions, and the other peers' calls must go on).
   std::mutex peers_mutex_;
+  std::condition_variable cleaner_wake_;
   std::map<transport::PeerId, std::set<uint64_t>> fingerprints_of_peer_;
+  std::deque<std::pair<transport::PeerId, std::set<uint64_t>>> lost_peers_;
+  bool stopping_ = false;
+  std::thread cleaner_;  // started last in the constructor, joined before the tiers close
   std::unique_ptr<transport::Server> server_;  // after tiers_: stopped before the tiers close
 };
 

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "common/error.h"
@@ -64,7 +65,14 @@ grpc::Status WorkerService::run_step(const ::lazykv::worker::v1::StepPlan& reque
     if (request.session() != 0 && request.session() != session_) {
       // A new coordinator: the sequences of the last one would hold KV memory
       // forever, and its ids would collide with the new one's.
-      if (session_ != 0 && hooks_.release_all) hooks_.release_all();
+      if (session_ != 0 && hooks_.release_all) {
+        const int64_t held = hooks_.sequences ? hooks_.sequences() : -1;
+        hooks_.release_all();
+        std::fprintf(stderr,
+                     "lazykv worker: plans from a new coordinator session; dropped the %lld sequences of the last "
+                     "one (a worker serves one coordinator at a time)\n",
+                     static_cast<long long>(held));
+      }
       session_ = request.session();
     }
     result = executor_.step(plan);

@@ -329,6 +329,14 @@ TEST(TierStore, DropModelDropsEverySequenceOfOneFingerprintInBothTiers) {
   EXPECT_EQ(read(store, other), payload(other, 1));
 }
 
+TEST(TierStore, DropModelGoesInBatchesUntilNothingIsLeft) {
+  TierStore store(host_only(5000));
+  for (uint64_t s = 0; s < 5000; ++s) put(store, key_of(s, 0), payload(key_of(s, 0), 1));  // more than one batch
+  EXPECT_EQ(store.drop_model(kFingerprint), 5000u);
+  EXPECT_EQ(store.stats().host_blocks, 0u);
+  EXPECT_EQ(store.stats().host_used_bytes, 0u);
+}
+
 TEST(TierStore, ReleasePeerEndsItsLeasesAndLaterDestructionIsHarmless) {
   TierStore store(host_only(4));
   put(store, key_of(1, 0), payload(key_of(1, 0), 1));

@@ -63,7 +63,7 @@ TEST(TierMover, AFailureThatIsNotAnErrorFailsOneOperationAndTheThreadsGoOn) {
   EXPECT_EQ(second->state(), Fetch::State::kFailed);
   mover.flush();
   EXPECT_FALSE(mover.available());
-  EXPECT_TRUE(closed) << "the store stays open while the mover lives";
+  EXPECT_TRUE(closed) << "the store must be closed once the tiers turn off";
   EXPECT_EQ(mover.fetch(key, 64, {}), nullptr);
   EXPECT_EQ(mover.store_stats().puts, 0u);
 }
