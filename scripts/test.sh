@@ -33,7 +33,8 @@ if [ ! -f build-san/CMakeCache.txt ]; then
 fi
 cmake --build build-san -j"$jobs" --target unit_tests fuzz_targets >/dev/null ||
   cmake --build build-san -j1 --target unit_tests fuzz_targets
-(cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs" -L unit)
+(cd build-san && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS="suppressions=$root/tests/lsan.supp" \
+  UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs" -L unit)
 
 stage "Portable build (no -march=native): scalar kernels and fp16 fallbacks"
 if [ ! -f build-portable/CMakeCache.txt ]; then
