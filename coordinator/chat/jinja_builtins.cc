@@ -254,9 +254,12 @@ std::string repeat(const std::string& s, int64_t times) {
   if (times <= 0 || s.empty()) return "";
   if (uint64_t(times) > kMaxStringBytes / s.size()) check_size(kMaxStringBytes + 1);  // s.size() * times would wrap
   check_size(s.size() * static_cast<size_t>(times));
+  const size_t total = s.size() * static_cast<size_t>(times);
   std::string out;
-  out.reserve(s.size() * static_cast<size_t>(times));
-  for (int64_t i = 0; i < times; ++i) out += s;
+  out.reserve(total);  // no reallocation below, so appending from out itself is safe
+  out.append(s);
+  while (out.size() <= total / 2) out.append(out.data(), out.size());  // doubling: 'x' * 40000000 in 26 copies
+  out.append(out.data(), total - out.size());
   return out;
 }
 

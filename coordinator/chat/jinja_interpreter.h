@@ -15,7 +15,7 @@ constexpr uint64_t kMaxSteps = 2'000'000;   // statements and loop iterations pe
 // items of every list and 64 bytes of every string that a call, filter,
 // operator, index or slice produces (range(1000000) in a loop of 900000 would
 // otherwise run for hours within the step budget).
-constexpr uint64_t kMaxWork = 20'000'000;
+constexpr uint64_t kMaxWork = 10'000'000;
 
 // Throws Error(kInvalidArgument) for a runtime error or raise_exception().
 std::string render(const Body& program, const Json& context);
