@@ -378,6 +378,7 @@ Json summarize(std::vector<double> samples, std::initializer_list<int> ps, bool 
   Json out = Json::object();
   std::sort(samples.begin(), samples.end());
   for (int p : ps) out["p" + std::to_string(p)] = samples.empty() ? Json(nullptr) : Json(percentile(samples, p));
+  out["max"] = samples.empty() ? Json(nullptr) : Json(samples.back());  // the worst a client saw
   if (with_mean) {
     out["mean"] = samples.empty() ? Json(nullptr)
                                   : Json(std::accumulate(samples.begin(), samples.end(), 0.0) / double(samples.size()));

@@ -31,6 +31,9 @@ void add_serving_flags(Flags& flags) {
       .add("max-prefill-tokens", "512",
            "prompt tokens run per step; longer prompts are prefilled in chunks over several steps "
            "(with an evicting policy: whole, in a step of their own)")
+      .add("max-decode-stall-ms", "150",
+           "while sequences are decoding, how much a step's prompt tokens may delay their next token; the chunk "
+           "follows from the measured cost of a prompt token (at least 16 tokens a step); 0: no bound")
       .add("max-tokens-cap", "0", "largest max_tokens a request may ask for; 0 is the context")
       .add("max-n", "16", "largest n (choices per prompt)")
       .add("max-body-bytes", "4194304", "largest request body; larger ones get 413")
@@ -66,6 +69,7 @@ SchedulerOptions scheduler_options_from_flags(const Flags& flags) {
   options.max_batch = int(flags.get_int_in("max-batch", 1, kMaxInt32));
   options.max_waiting = int(flags.get_int_in("max-waiting", 1, kMaxInt32));
   options.max_prefill_tokens = int32_t(flags.get_int_in("max-prefill-tokens", 1, kMaxInt32));
+  options.max_decode_stall = std::chrono::milliseconds(flags.get_int_in("max-decode-stall-ms", 0, 3'600'000));
   return options;
 }
 

@@ -275,7 +275,10 @@ bool Scheduler::step_once() {
   // of prompt tokens, in admission order, so a long prompt does not stall
   // everyone's next token (chunked prefill).
   std::unordered_map<SeqId, int32_t> chunks;
-  int32_t budget = options_.max_prefill_tokens;
+  const int32_t step_budget = prefill_budget(int(std::count_if(
+      running_.begin(), running_.end(), [](const auto& s) { return s->prefilled; })));
+  int32_t budget = step_budget;
+  int32_t prefill_tokens = 0;
   for (const auto& seq : running_) {
     if (seq->prefilled) {
       plan.items.push_back({SeqId(seq->id), 0});
@@ -286,14 +289,15 @@ bool Scheduler::step_once() {
     if (remaining > budget) {
       if (seq->chunkable()) {
         n = std::max(budget, 0);
-      } else if (budget < options_.max_prefill_tokens) {
-        n = 0;  // a whole prompt waits for a step it can start
+      } else if (budget < step_budget) {
+        n = 0;  // a whole prompt waits for a step whose prompt tokens are all its own
       }
     }
     if (n <= 0) continue;
     plan.items.push_back({SeqId(seq->id), n});
     chunks[SeqId(seq->id)] = n;
     budget -= n;
+    prefill_tokens += n;
   }
   update_gauges();
   if (plan.items.empty() && plan.release.empty()) return false;
@@ -334,6 +338,9 @@ bool Scheduler::step_once() {
     std::unique_lock lock(mutex_);
     wake_.wait_for(lock, kWorkerRetryDelay, [&] { return stopping_; });
     return true;
+  }
+  if (!result.out_of_memory) {
+    cost_.observe(int32_t(plan.items.size() - chunks.size()), prefill_tokens, result.seconds);
   }
   metrics_.histogram(metrics::kStepDuration, {options_.worker_label}).observe(result.seconds);
   metrics_.histogram(metrics::kStepBatchSize, {options_.worker_label}).observe(double(plan.items.size()));
@@ -391,6 +398,16 @@ bool Scheduler::step_once() {
     on_token(seq, sampled);
   }
   return true;
+}
+
+int32_t Scheduler::prefill_budget(int decoding) const {
+  const int32_t most = options_.max_prefill_tokens;
+  if (decoding == 0 || options_.max_decode_stall.count() <= 0) return most;
+  const int32_t least = std::min(most, kMinPrefillChunk);
+  const int64_t chunk = cost_.prefill_chunk(std::chrono::duration<double>(options_.max_decode_stall).count());
+  // Cost not learned yet (no step with prompt tokens has run): the smallest chunk.
+  if (chunk < 0) return least;
+  return int32_t(std::clamp<int64_t>(chunk, least, most));
 }
 
 void Scheduler::update_gauges() {

@@ -7,11 +7,19 @@
 // prompt, must fit the capacity). When a step finds the cache full, the most
 // recently admitted sequence is preempted by recompute: its KV is dropped and
 // it goes back to the head of the queue with its generated tokens appended to
-// its prompt. Recompute, not demotion, because this build has no host tier
-// to demote to (the kvstore lands with the tiered KV work) and a prefill of a
-// few thousand tokens costs less than an eviction-visible swap. With an
-// evicting policy the recomputed cache is rebuilt from the new prompt, so the
-// continuation can differ from an uninterrupted run; full KV is exact.
+// its prompt. Recompute, not demotion: the kvstore holds a policy's evicted
+// token blocks, not whole sequences on the step's critical path, and a
+// prefill of a few thousand tokens costs less than swapping a whole cache.
+// With an evicting policy the recomputed cache is rebuilt from the new
+// prompt, so the continuation can differ from an uninterrupted run; full KV
+// is exact.
+//
+// Prefill and decode share steps (chunked prefill). While sequences are
+// decoding, a step carries only as many prompt tokens as fit in
+// max_decode_stall by the learned cost of prompt tokens (StepCost), so a
+// newcomer's prompt delays every running stream's next token by a bounded
+// time instead of by its whole prefill; with nothing decoding a step takes up
+// to max_prefill_tokens, which is best for time to first token.
 //
 // A step that throws (the worker broke) ends the sequences that ran on it
 // with an error; those it would have started never ran and go back to the
@@ -34,10 +42,16 @@
 
 #include "common/metrics/registry.h"
 #include "coordinator/scheduler/sequence_stream.h"
+#include "coordinator/scheduler/step_cost.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/step_executor.h"
 
 namespace lazykv {
+
+// The fewest prompt tokens a step carries while sequences decode, whatever
+// max_decode_stall says: a prompt always progresses, and a token budget that
+// small would run prompts at a small fraction of the prefill throughput.
+constexpr int32_t kMinPrefillChunk = 16;
 
 struct SchedulerOptions {
   int max_batch = 32;                // sequences in one step
@@ -46,6 +60,12 @@ struct SchedulerOptions {
   // prefilled in chunks over several steps; an evicting policy's prompt runs
   // whole (in a step of its own when it exceeds this).
   int32_t max_prefill_tokens = 512;
+  // While sequences are decoding: how much longer than decoding alone a step
+  // carrying prompt tokens may take (0: no bound, max_prefill_tokens only).
+  // At least kMinPrefillChunk prompt tokens run per step, so prompts always
+  // progress, and never a chunk mostly paid for by a step's fixed cost
+  // (StepCost::prefill_chunk); an evicting policy's prompt runs whole.
+  std::chrono::milliseconds max_decode_stall{150};
   // How long a sequence whose start failed (the worker broke before it ran)
   // keeps being started again: long enough for a restarting worker to come
   // back or be declared dead (3 s with the default heartbeats); a request
@@ -113,6 +133,8 @@ class Scheduler {
   void finish(Sequence& seq, const std::string& reason, const std::string& error = "", bool unavailable = false);
   void on_token(Sequence& seq, const SampledToken& sampled);
   void update_gauges();
+  // Prompt tokens this step may carry, given how many sequences decode in it.
+  int32_t prefill_budget(int decoding) const;
 
   StepExecutor& worker_;
   const Tokenizer& tokenizer_;
@@ -138,6 +160,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<SeqId> pending_release_;
   size_t kv_bytes_ = 0;  // in use after the last step
+  StepCost cost_;
 
   std::thread thread_;
 };

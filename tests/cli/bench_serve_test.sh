@@ -57,6 +57,7 @@ check "no errors" "$tmp/run.json" 'd["errors"] == 0 and d["error_samples"] == []
 check "output tokens counted" "$tmp/run.json" 'd["output_tokens"] > 0 and d["output_tokens"] <= 8 * 16'
 check "TTFT measured" "$tmp/run.json" 'd["ttft_s"]["p50"] > 0 and d["ttft_s"]["p50"] <= d["ttft_s"]["p99"]'
 check "e2e >= TTFT" "$tmp/run.json" 'd["e2e_s"]["p99"] >= d["ttft_s"]["p50"]'
+check "worst inter-token gap reported" "$tmp/run.json" 'd["itl_s"]["max"] >= d["itl_s"]["p99"] > 0'
 check "prompt tokens from usage" "$tmp/run.json" 'd["prompt_tokens_mean"] is not None and d["prompt_tokens_mean"] > 50'
 check "throughput" "$tmp/run.json" 'd["output_tokens_per_s"] > 0 and d["requests_per_s"] > 0'
 

@@ -1,10 +1,12 @@
 // The continuous-batching scheduler over a real in-process worker on a tiny
 // random model: batching, preemption by recompute, cancellation, limits,
-// draining and a failing worker.
+// draining, a failing worker, and prefill chunks sized by time.
 #include "coordinator/scheduler/scheduler.h"
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <future>
 
 #include "common/error.h"
 #include "tests/unit/tiny_model_fixture.h"
@@ -153,6 +155,136 @@ TEST_F(SchedulerTest, ChunkedPrefillGivesTheSameTokensAndBoundsEveryStep) {
   }
   EXPECT_LE(over_16, 1u) << "only the whole lazy prompt may make a step of more than 16 tokens";
   EXPECT_GT(tokens.count, 10u);
+}
+
+// A real worker whose steps report a cost of 2 ms per decoding sequence, 1 ms
+// per prompt token (binary fractions, so the learned costs are exact) and
+// `fixed` seconds for a step with any prompt tokens, recording what each step
+// carried; `after_step` runs on the scheduler's thread after step k, so a
+// test can submit at a known point.
+class CostedWorker final : public StepExecutor {
+ public:
+  static constexpr double kDecodeSeconds = 1.0 / 512;
+  static constexpr double kPromptTokenSeconds = 1.0 / 1024;
+  struct Step {
+    int32_t decoding = 0;
+    int32_t prompt_tokens = 0;
+  };
+  CostedWorker(StepExecutor& inner, double fixed) : inner_(inner), fixed_(fixed) {}
+  WorkerInfo info() const override { return inner_.info(); }
+  StepResult step(const StepPlan& plan) override {
+    StepResult result = inner_.step(plan);
+    Step s;
+    for (const StepItem& item : plan.items) {
+      if (item.prefill_tokens == 0) ++s.decoding;
+      s.prompt_tokens += item.prefill_tokens;
+    }
+    result.seconds = kDecodeSeconds * s.decoding + kPromptTokenSeconds * s.prompt_tokens;
+    if (s.prompt_tokens > 0) result.seconds += fixed_;
+    int k = 0;
+    {
+      std::lock_guard lock(mutex_);
+      if (!plan.items.empty()) steps_.push_back(s);
+      k = int(steps_.size());
+    }
+    if (after_step) after_step(k);
+    return result;
+  }
+  std::vector<Step> steps() const {
+    std::lock_guard lock(mutex_);
+    return steps_;
+  }
+  std::function<void(int)> after_step;
+
+ private:
+  StepExecutor& inner_;
+  double fixed_;
+  mutable std::mutex mutex_;
+  std::vector<Step> steps_;
+};
+
+// One sequence decodes for 200 steps; after its third step two prompts of
+// 121 and 124 tokens arrive. Checks each late sequence's tokens against a run
+// alone and returns what every step carried.
+class StallBoundTest : public SchedulerTest {
+ protected:
+  static std::vector<CostedWorker::Step> run_prompts_beside_a_decoding_sequence(const SchedulerOptions& options,
+                                                                                double fixed = 0) {
+    SequenceRequest early = request(0, 200);  // 7 prompt tokens
+    early.ignore_eos = true;
+    const std::vector<SequenceRequest> late = {request(38, 8), request(39, 8)};
+    const std::vector<Outcome> late_alone = alone(late);
+
+    LocalWorker worker(*model_, worker_options());
+    CostedWorker costed(worker, fixed);
+    metrics::Registry registry;
+    Scheduler scheduler(costed, *tokenizer_, registry, options);
+    std::promise<std::vector<SequenceHandle>> late_handles;
+    costed.after_step = [&](int k) {
+      if (k == 3) late_handles.set_value(scheduler.submit(late));
+    };
+    const std::vector<SequenceHandle> early_handles = scheduler.submit({early});
+    std::future<std::vector<SequenceHandle>> late_future = late_handles.get_future();
+    EXPECT_EQ(late_future.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    const std::vector<Outcome> got = collect(late_future.get());
+    EXPECT_EQ(collect(early_handles).front().finish, "length");
+    for (size_t i = 0; i < late.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, late_alone[i].tokens) << "late sequence " << i;
+      EXPECT_EQ(got[i].finish, late_alone[i].finish) << "late sequence " << i;
+    }
+    return costed.steps();
+  }
+};
+
+TEST_F(StallBoundTest, PromptTokensBesideDecodingSequencesFitTheStallBound) {
+  SchedulerOptions options;
+  options.max_prefill_tokens = 512;
+  options.max_decode_stall = std::chrono::milliseconds(40);  // 40.96 prompt tokens at 1/1024 s each
+  const std::vector<CostedWorker::Step> steps = run_prompts_beside_a_decoding_sequence(options);
+  ASSERT_GE(steps.size(), 3u);
+  EXPECT_EQ(steps[0].decoding, 0);
+  EXPECT_EQ(steps[0].prompt_tokens, 7) << "with nothing decoding, a prompt runs whole";
+  int32_t beside_decoding = 0;
+  int full_chunks = 0;
+  for (const CostedWorker::Step& s : steps) {
+    if (s.decoding == 0 || s.prompt_tokens == 0) continue;
+    EXPECT_LE(s.prompt_tokens, 40) << "a step beside decoding sequences carries at most 40 prompt tokens";
+    beside_decoding += s.prompt_tokens;
+    full_chunks += s.prompt_tokens == 40 ? 1 : 0;
+  }
+  EXPECT_EQ(beside_decoding, 121 + 124) << "both late prompts were prefilled beside the decoding sequence";
+  EXPECT_GE(full_chunks, 5) << "the learned budget is reached, not only the minimum chunk";
+}
+
+// 100 ms for any step with prompt tokens, more than the 40 ms bound: no
+// chunk can meet it, so once the fixed cost is known (two chunk sizes seen)
+// chunks are large enough that it is at most half of their time
+// (0.1 s · 1024 = 102.4 tokens), not the 16 that would pay it per 16 tokens.
+TEST_F(StallBoundTest, WhereAStepsFixedCostBreaksTheBoundChunksStayLarge) {
+  SchedulerOptions options;
+  options.max_prefill_tokens = 512;
+  options.max_decode_stall = std::chrono::milliseconds(40);
+  const std::vector<CostedWorker::Step> steps = run_prompts_beside_a_decoding_sequence(options, 0.1);
+  std::vector<int32_t> chunks;
+  for (const CostedWorker::Step& s : steps) {
+    if (s.decoding > 0 && s.prompt_tokens > 0) chunks.push_back(s.prompt_tokens);
+  }
+  // The first prompt alone (7 tokens, 107 ms) gives a line through zero of
+  // 15 ms a token: the smallest chunk; then 16 tokens at 116 ms reveal the
+  // fixed cost, and the rest of both prompts runs in chunks of 103.
+  EXPECT_EQ(chunks, (std::vector<int32_t>{kMinPrefillChunk, 103, 103, 121 + 124 - kMinPrefillChunk - 2 * 103}));
+}
+
+TEST_F(StallBoundTest, WithoutAStallBoundPromptsBesideDecodingSequencesRunWhole) {
+  SchedulerOptions options;
+  options.max_prefill_tokens = 512;
+  options.max_decode_stall = std::chrono::milliseconds(0);
+  const std::vector<CostedWorker::Step> steps = run_prompts_beside_a_decoding_sequence(options);
+  int32_t largest = 0;
+  for (const CostedWorker::Step& s : steps) {
+    if (s.decoding > 0) largest = std::max(largest, s.prompt_tokens);
+  }
+  EXPECT_EQ(largest, 121 + 124) << "both prompts in one step, as max_prefill_tokens allows";
 }
 
 TEST_F(SchedulerTest, FullCachePreemptsByRecomputeAndFullKvStaysExact) {
