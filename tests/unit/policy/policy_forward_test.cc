@@ -40,7 +40,10 @@ const Model& tiny_model() {
     fs::create_directories(dir);
     const std::string path = (dir / "tiny.gguf").string();
     write_tiny_gguf(path, spec);
-    return Model::load(path);
+    std::unique_ptr<Model> loaded = Model::load(path);
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);  // the mapping keeps the data
+    return loaded;
   }();
   return *model;
 }

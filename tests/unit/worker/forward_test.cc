@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/quant.h"
+#include "tests/unit/temp_dir.h"
 #include "worker/format/tiny_model.h"
 #include "worker/model.h"
 
@@ -19,10 +20,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// One directory per test process, removed when the process exits.
 std::string temp_path(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("lazykv_forward_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  static const TempDir dir("lazykv_forward_test");
+  return dir.file(name);
 }
 
 using Matrix = std::vector<float>;  // row-major [rows][cols]

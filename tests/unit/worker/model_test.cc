@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "tests/unit/temp_dir.h"
 #include "worker/format/gguf.h"
 #include "worker/format/tiny_model.h"
 
@@ -17,10 +18,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// One directory per test process, removed when the process exits.
 std::string temp_path(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("lazykv_model_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  static const TempDir dir("lazykv_model_test");
+  return dir.file(name);
 }
 
 // Copies a GGUF through the writer, letting `edit` change metadata, and
