@@ -33,7 +33,7 @@ void add_serving_flags(Flags& flags) {
            "(with an evicting policy: whole, in a step of their own)")
       .add("max-decode-stall-ms", "150",
            "while sequences are decoding, how much a step's prompt tokens may delay their next token; the chunk "
-           "follows from the measured cost of a prompt token (at least 16 tokens a step); 0: no bound")
+           "follows from the measured cost of prompt tokens (at least 16 a step, docs/serving.md); 0: no bound")
       .add("max-tokens-cap", "0", "largest max_tokens a request may ask for; 0 is the context")
       .add("max-n", "16", "largest n (choices per prompt)")
       .add("max-body-bytes", "4194304", "largest request body; larger ones get 413")

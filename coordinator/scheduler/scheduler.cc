@@ -278,7 +278,7 @@ bool Scheduler::step_once() {
   const int32_t step_budget = prefill_budget(int(std::count_if(
       running_.begin(), running_.end(), [](const auto& s) { return s->prefilled; })));
   int32_t budget = step_budget;
-  int32_t prefill_tokens = 0;
+  bool whole_prompt = false;  // an unchunkable prompt runs: its step costs more than a chunk of its size
   for (const auto& seq : running_) {
     if (seq->prefilled) {
       plan.items.push_back({SeqId(seq->id), 0});
@@ -297,7 +297,7 @@ bool Scheduler::step_once() {
     plan.items.push_back({SeqId(seq->id), n});
     chunks[SeqId(seq->id)] = n;
     budget -= n;
-    prefill_tokens += n;
+    whole_prompt = whole_prompt || !seq->chunkable();
   }
   update_gauges();
   if (plan.items.empty() && plan.release.empty()) return false;
@@ -339,8 +339,17 @@ bool Scheduler::step_once() {
     wake_.wait_for(lock, kWorkerRetryDelay, [&] { return stopping_; });
     return true;
   }
-  if (!result.out_of_memory) {
-    cost_.observe(int32_t(plan.items.size() - chunks.size()), prefill_tokens, result.seconds);
+  if (!result.out_of_memory && !whole_prompt) {
+    // What ran: the items the worker did not drop.
+    std::unordered_set<SeqId> failed;
+    for (const auto& f : result.failed) failed.insert(f.first);
+    int32_t decoding = 0, prompt_tokens = 0;
+    for (const StepItem& item : plan.items) {
+      if (failed.count(item.seq) > 0) continue;
+      decoding += item.prefill_tokens == 0 ? 1 : 0;
+      prompt_tokens += item.prefill_tokens;
+    }
+    cost_.observe(decoding, prompt_tokens, result.seconds);
   }
   metrics_.histogram(metrics::kStepDuration, {options_.worker_label}).observe(result.seconds);
   metrics_.histogram(metrics::kStepBatchSize, {options_.worker_label}).observe(double(plan.items.size()));

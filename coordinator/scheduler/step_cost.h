@@ -3,39 +3,57 @@
 // sequences that are decoding by a bounded amount (--max-decode-stall-ms)
 // whatever the model, the machine or the batch.
 //
-// Model: a step's seconds ≈ a·decode_items + [p > 0]·(fixed + per_token·p),
-// for p prompt tokens. `a` comes from steps that only decode (their own fixed
-// overhead folded in, so it cancels when subtracted from a mixed step of a
-// similar batch). `fixed` and `per_token` are a least-squares line through
-// what the steps with prompt tokens took beyond their decoding. The fixed
-// part is real on a CPU: past 8 tokens a matmul dequantizes its weights into
-// panels once per step (about 390 ms for a 1.5B Q4_K model on 2 cores, 6 ms
-// per token after that), so a small chunk is paid mostly for that. Every sum
-// decays by `decay` per observed step, so the estimates follow a changing
-// batch or context within tens of steps.
+// Model: a step of k decoding sequences and p prompt tokens takes
+//   decode(k) + [p > 0]·(fixed + per_token·p),
+// with decode(k) = base + per_sequence·k. Both are lines fitted by least
+// squares over the recent steps: decode(k) over the steps that only decode,
+// the prompt line over what the other steps took beyond decode(k). Fixed
+// parts are real: a step has its own overhead, and on a CPU past 8 tokens a
+// matmul dequantizes its weights into panels once per step (about 390 ms for
+// a 1.5B Q4_K model on 2 cores, 6 ms per prompt token after that), so a small
+// chunk is paid mostly for that. Every sum decays by `decay` per observed
+// step, so the lines follow a changing batch or context within tens of steps.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 namespace lazykv {
+
+// y ≈ intercept + slope·x by least squares over decayed sums. Until the x
+// seen spread enough to tell intercept from slope, the intercept is the last
+// one trusted (0 before any), and the slope is fitted below it.
+class DecayedLine {
+ public:
+  struct Fit {
+    double intercept = 0;
+    double slope = 0;
+  };
+  explicit DecayedLine(double decay) : decay_(decay) {}
+  void observe(double x, double y);
+  // Empty before any observation, or while the slope is not positive.
+  const std::optional<Fit>& fit() const { return fit_; }
+
+ private:
+  double decay_;
+  double w_ = 0, sx_ = 0, sxx_ = 0, sy_ = 0, sxy_ = 0;
+  double trusted_intercept_ = 0;  // of the last fit with spread, a non-negative intercept and a positive slope
+  std::optional<Fit> fit_;
+};
 
 class StepCost {
  public:
   // Weight of the past per observed step (0 < decay < 1).
-  explicit StepCost(double decay = 0.95) : decay_(decay) {}
+  explicit StepCost(double decay = 0.95) : decode_(decay), prompt_(decay) {}
 
+  // One step that ran: its decoding sequences and prompt tokens (only those
+  // that ran: not failed items) and the worker's seconds.
   void observe(int32_t decode_items, int32_t prefill_tokens, double seconds);
 
-  // Seconds per decoding sequence in a step; 0 until a decode-only step was seen.
-  double decode_item_seconds() const { return a_den_ > 0 ? a_num_ / a_den_ : 0; }
-  // The line through the prompt tokens' extra seconds: {fixed, per_token};
-  // {0, 0} until a step with prompt tokens was seen. Until the chunks seen
-  // differ enough in size to tell the two apart, fixed is 0.
-  struct PrefillCost {
-    double fixed = 0;
-    double per_token = 0;
-  };
-  PrefillCost prefill_cost() const;
+  // Seconds of a step of k decoding sequences; empty until a decode-only step was seen.
+  std::optional<double> decode_seconds(int32_t k) const;
+  // The prompt tokens' extra seconds: {fixed, per_token}; empty until known.
+  std::optional<DecayedLine::Fit> prefill_cost() const { return prompt_.fit(); }
 
   // The prompt tokens a step beside decoding sequences should carry, or -1
   // while their cost is unknown: as many as add at most `stall_seconds`, but
@@ -46,10 +64,8 @@ class StepCost {
   int64_t prefill_chunk(double stall_seconds) const;
 
  private:
-  double decay_;
-  double a_num_ = 0, a_den_ = 0;  // decayed sums of seconds and decode items (decode-only steps)
-  // Decayed least-squares sums over steps with prompt tokens: weight, p, p², extra seconds r, p·r.
-  double w_ = 0, sp_ = 0, spp_ = 0, sr_ = 0, spr_ = 0;
+  DecayedLine decode_;  // seconds over decoding sequences, decode-only steps
+  DecayedLine prompt_;  // extra seconds over prompt tokens, steps with prompt tokens
 };
 
 }  // namespace lazykv

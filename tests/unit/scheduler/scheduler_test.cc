@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <future>
+#include <set>
 
 #include "common/error.h"
 #include "tests/unit/tiny_model_fixture.h"
@@ -159,9 +160,11 @@ TEST_F(SchedulerTest, ChunkedPrefillGivesTheSameTokensAndBoundsEveryStep) {
 
 // A real worker whose steps report a cost of 2 ms per decoding sequence, 1 ms
 // per prompt token (binary fractions, so the learned costs are exact) and
-// `fixed` seconds for a step with any prompt tokens, recording what each step
-// carried; `after_step` runs on the scheduler's thread after step k, so a
-// test can submit at a known point.
+// `fixed` seconds for a step with any prompt tokens, counting only the items
+// that ran; a step that prefills an evicting policy's prompt costs 0.5 s more
+// (its prompt-time selection). It records what each step carried;
+// `after_step` runs on the scheduler's thread after step k, so a test can
+// submit at a known point.
 class CostedWorker final : public StepExecutor {
  public:
   static constexpr double kDecodeSeconds = 1.0 / 512;
@@ -174,13 +177,22 @@ class CostedWorker final : public StepExecutor {
   WorkerInfo info() const override { return inner_.info(); }
   StepResult step(const StepPlan& plan) override {
     StepResult result = inner_.step(plan);
+    std::set<SeqId> failed;
+    for (const auto& f : result.failed) failed.insert(f.first);
+    for (const SequenceStart& start : plan.start) {
+      if (start.policy.name != "full") evicting_.insert(start.seq);
+    }
     Step s;
+    bool selection = false;
     for (const StepItem& item : plan.items) {
+      if (failed.count(item.seq) > 0) continue;
       if (item.prefill_tokens == 0) ++s.decoding;
       s.prompt_tokens += item.prefill_tokens;
+      selection = selection || (item.prefill_tokens > 0 && evicting_.count(item.seq) > 0);
     }
     result.seconds = kDecodeSeconds * s.decoding + kPromptTokenSeconds * s.prompt_tokens;
     if (s.prompt_tokens > 0) result.seconds += fixed_;
+    if (selection) result.seconds += 0.5;
     int k = 0;
     {
       std::lock_guard lock(mutex_);
@@ -199,6 +211,7 @@ class CostedWorker final : public StepExecutor {
  private:
   StepExecutor& inner_;
   double fixed_;
+  std::set<SeqId> evicting_;  // sequences started with an evicting policy (scheduler thread only)
   mutable std::mutex mutex_;
   std::vector<Step> steps_;
 };
@@ -208,11 +221,11 @@ class CostedWorker final : public StepExecutor {
 // alone and returns what every step carried.
 class StallBoundTest : public SchedulerTest {
  protected:
-  static std::vector<CostedWorker::Step> run_prompts_beside_a_decoding_sequence(const SchedulerOptions& options,
-                                                                                double fixed = 0) {
+  static std::vector<CostedWorker::Step> run_prompts_beside_a_decoding_sequence(
+      const SchedulerOptions& options, double fixed = 0,
+      const std::vector<SequenceRequest>& late = {request(38, 8), request(39, 8)}) {
     SequenceRequest early = request(0, 200);  // 7 prompt tokens
     early.ignore_eos = true;
-    const std::vector<SequenceRequest> late = {request(38, 8), request(39, 8)};
     const std::vector<Outcome> late_alone = alone(late);
 
     LocalWorker worker(*model_, worker_options());
@@ -220,8 +233,12 @@ class StallBoundTest : public SchedulerTest {
     metrics::Registry registry;
     Scheduler scheduler(costed, *tokenizer_, registry, options);
     std::promise<std::vector<SequenceHandle>> late_handles;
+    bool submitted = false;  // only ever touched on the scheduler's thread
     costed.after_step = [&](int k) {
-      if (k == 3) late_handles.set_value(scheduler.submit(late));
+      if (k >= 3 && !submitted) {
+        submitted = true;
+        late_handles.set_value(scheduler.submit(late));
+      }
     };
     const std::vector<SequenceHandle> early_handles = scheduler.submit({early});
     std::future<std::vector<SequenceHandle>> late_future = late_handles.get_future();
@@ -273,6 +290,31 @@ TEST_F(StallBoundTest, WhereAStepsFixedCostBreaksTheBoundChunksStayLarge) {
   // 15 ms a token: the smallest chunk; then 16 tokens at 116 ms reveal the
   // fixed cost, and the rest of both prompts runs in chunks of 103.
   EXPECT_EQ(chunks, (std::vector<int32_t>{kMinPrefillChunk, 103, 103, 121 + 124 - kMinPrefillChunk - 2 * 103}));
+}
+
+// What a step's failed items and an evicting policy's whole prompt cost says
+// nothing of a chunk: left out, the chunks stay at 40 tokens. (Counted, the
+// failed 40-token chunk would look free and the selection's 0.5 s would make
+// the fixed part huge: the chunks would grow past the bound.)
+TEST_F(StallBoundTest, FailedItemsAndWholePromptsStayOutOfTheCost) {
+  SequenceRequest bad = request(38, 8);  // 121 prompt tokens; the worker refuses to start it
+  bad.sampling.top_p = 1.5f;
+  const SequenceRequest whole = request(6, 8, make_policy_config("lazy", {{"budget", "64"}, {"window", "8"}}));
+  SchedulerOptions options;
+  options.max_prefill_tokens = 512;
+  options.max_decode_stall = std::chrono::milliseconds(40);
+  const std::vector<CostedWorker::Step> steps =
+      run_prompts_beside_a_decoding_sequence(options, 0, {bad, whole, request(38, 8), request(39, 8)});
+  int32_t beside_decoding = 0;
+  int full_chunks = 0;
+  for (const CostedWorker::Step& s : steps) {
+    if (s.decoding == 0 || s.prompt_tokens == 0) continue;
+    EXPECT_LE(s.prompt_tokens, 40);
+    beside_decoding += s.prompt_tokens;
+    full_chunks += s.prompt_tokens == 40 ? 1 : 0;
+  }
+  EXPECT_EQ(beside_decoding, 25 + 121 + 124) << "what ran beside the decoding sequence (not the failed prompt)";
+  EXPECT_GE(full_chunks, 5);
 }
 
 TEST_F(StallBoundTest, WithoutAStallBoundPromptsBesideDecodingSequencesRunWhole) {
