@@ -28,6 +28,7 @@ void DecayedLine::observe(double x, double y) {
     const double intercept = mean_y - slope * mean_x;
     if (intercept >= 0 && slope > 0) {
       trusted_intercept_ = intercept;
+      intercept_known_ = true;
       fit_ = Fit{intercept, slope};
       return;
     }
@@ -43,12 +44,16 @@ void StepCost::observe(int32_t decode_items, int32_t prefill_tokens, double seco
     if (decode_items > 0) decode_.observe(decode_items, seconds);
     return;
   }
+  if (prefill_tokens < kMinFittedChunk) return;
   // Beside decoding sequences the prompt's share is what decoding alone would
-  // not have cost; without a decode cost yet, such a step says nothing.
+  // not have cost; without a decode cost for this many sequences yet (a line
+  // through zero overstates it for more sequences than seen, as a step's
+  // fixed overhead scales with it), such a step says nothing.
   double decoding = 0;
   if (decode_items > 0) {
     const std::optional<double> d = decode_seconds(decode_items);
     if (!d) return;
+    if (!decode_.intercept_known() && std::abs(decode_items - decode_.mean_x()) > 0.5) return;
     decoding = *d;
   }
   prompt_.observe(prefill_tokens, seconds - decoding);

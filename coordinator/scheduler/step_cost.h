@@ -33,21 +33,31 @@ class DecayedLine {
   void observe(double x, double y);
   // Empty before any observation, or while the slope is not positive.
   const std::optional<Fit>& fit() const { return fit_; }
+  // Whether an intercept was ever fitted (the x seen spread); until then the
+  // line goes through zero and says little away from the x seen.
+  bool intercept_known() const { return intercept_known_; }
+  double mean_x() const { return w_ > 0 ? sx_ / w_ : 0; }
 
  private:
   double decay_;
   double w_ = 0, sx_ = 0, sxx_ = 0, sy_ = 0, sxy_ = 0;
   double trusted_intercept_ = 0;  // of the last fit with spread, a non-negative intercept and a positive slope
+  bool intercept_known_ = false;
   std::optional<Fit> fit_;
 };
 
 class StepCost {
  public:
+  static constexpr int32_t kMinFittedChunk = 16;
+
   // Weight of the past per observed step (0 < decay < 1).
   explicit StepCost(double decay = 0.95) : decode_(decay), prompt_(decay) {}
 
   // One step that ran: its decoding sequences and prompt tokens (only those
-  // that ran: not failed items) and the worker's seconds.
+  // that ran: not failed items) and the worker's seconds. A step with fewer
+  // prompt tokens than kMinFittedChunk says little of a chunk's cost (it may
+  // even run another kernel) and is left out of the prompt line, and so is
+  // one whose decoding cost would be extrapolated from a line through zero.
   void observe(int32_t decode_items, int32_t prefill_tokens, double seconds);
 
   // Seconds of a step of k decoding sequences; empty until a decode-only step was seen.

@@ -216,15 +216,15 @@ class CostedWorker final : public StepExecutor {
   std::vector<Step> steps_;
 };
 
-// One sequence decodes for 200 steps; after its third step two prompts of
-// 121 and 124 tokens arrive. Checks each late sequence's tokens against a run
+// One sequence decodes for 150 steps; after its third step two prompts of
+// 121 and 124 tokens (or `late`) arrive. Checks each late sequence's tokens against a run
 // alone and returns what every step carried.
 class StallBoundTest : public SchedulerTest {
  protected:
   static std::vector<CostedWorker::Step> run_prompts_beside_a_decoding_sequence(
       const SchedulerOptions& options, double fixed = 0,
       const std::vector<SequenceRequest>& late = {request(38, 8), request(39, 8)}) {
-    SequenceRequest early = request(0, 200);  // 7 prompt tokens
+    SequenceRequest early = request(15, 150);  // 52 prompt tokens
     early.ignore_eos = true;
     const std::vector<Outcome> late_alone = alone(late);
 
@@ -260,7 +260,7 @@ TEST_F(StallBoundTest, PromptTokensBesideDecodingSequencesFitTheStallBound) {
   const std::vector<CostedWorker::Step> steps = run_prompts_beside_a_decoding_sequence(options);
   ASSERT_GE(steps.size(), 3u);
   EXPECT_EQ(steps[0].decoding, 0);
-  EXPECT_EQ(steps[0].prompt_tokens, 7) << "with nothing decoding, a prompt runs whole";
+  EXPECT_EQ(steps[0].prompt_tokens, 52) << "with nothing decoding, a prompt runs whole";
   int32_t beside_decoding = 0;
   int full_chunks = 0;
   for (const CostedWorker::Step& s : steps) {
@@ -286,8 +286,8 @@ TEST_F(StallBoundTest, WhereAStepsFixedCostBreaksTheBoundChunksStayLarge) {
   for (const CostedWorker::Step& s : steps) {
     if (s.decoding > 0 && s.prompt_tokens > 0) chunks.push_back(s.prompt_tokens);
   }
-  // The first prompt alone (7 tokens, 107 ms) gives a line through zero of
-  // 15 ms a token: the smallest chunk; then 16 tokens at 116 ms reveal the
+  // The first prompt alone (52 tokens, 151 ms) gives a line through zero of
+  // 2.9 ms a token: the smallest chunk; then 16 tokens at 116 ms reveal the
   // fixed cost, and the rest of both prompts runs in chunks of 103.
   EXPECT_EQ(chunks, (std::vector<int32_t>{kMinPrefillChunk, 103, 103, 121 + 124 - kMinPrefillChunk - 2 * 103}));
 }

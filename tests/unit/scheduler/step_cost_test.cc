@@ -85,6 +85,31 @@ TEST(StepCostTest, WithoutAFixedCostTheBoundAloneSetsTheChunk) {
   EXPECT_LE(cost.prefill_chunk(0.0005), 1) << "under one token's cost (the scheduler's floor then applies)";
 }
 
+TEST(StepCostTest, ChunksSmallerThanTheFittedMinimumAreLeftOut) {
+  StepCost cost;
+  cost.observe(0, StepCost::kMinFittedChunk - 1, 0.001);  // a remainder that ran another kernel
+  EXPECT_FALSE(cost.prefill_cost());
+  cost.observe(0, StepCost::kMinFittedChunk, 0.016);
+  EXPECT_DOUBLE_EQ(cost.prefill_cost()->slope, 0.001);
+}
+
+// Decode-only steps of one batch size give a line through zero, which
+// overstates a larger batch by the step's own overhead: a mixed step of
+// another batch size waits until the decode line has an intercept.
+TEST(StepCostTest, NoDecodeCostExtrapolatedFromALineThroughZero) {
+  StepCost cost;
+  cost.observe(1, 0, seconds(1, 0));
+  cost.observe(3, 100, seconds(3, 100));
+  EXPECT_FALSE(cost.prefill_cost()) << "3 sequences from a line through 1";
+  cost.observe(1, 100, seconds(1, 100));
+  ASSERT_TRUE(cost.prefill_cost()) << "the same batch size as measured";
+  EXPECT_NEAR(cost.prefill_cost()->slope, 0.000901, 1e-12);
+  cost.observe(4, 0, seconds(4, 0));  // now the decode line has its intercept
+  cost.observe(3, 40, seconds(3, 40));
+  EXPECT_NEAR(cost.prefill_cost()->intercept, 0.0401, 1e-9);
+  EXPECT_NEAR(cost.prefill_cost()->slope, 0.0005, 1e-12);
+}
+
 TEST(StepCostTest, AMixedStepBeforeAnyDecodeOnlyStepIsIgnored) {
   StepCost cost;
   cost.observe(8, 100, 1.0);  // how much of the second is decoding is unknown
