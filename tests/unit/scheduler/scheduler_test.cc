@@ -228,12 +228,13 @@ class StallBoundTest : public SchedulerTest {
     early.ignore_eos = true;
     const std::vector<Outcome> late_alone = alone(late);
 
+    // Declared before the scheduler: its thread calls after_step until it stops.
+    std::promise<std::vector<SequenceHandle>> late_handles;
+    bool submitted = false;  // only ever touched on the scheduler's thread
     LocalWorker worker(*model_, worker_options());
     CostedWorker costed(worker, fixed);
     metrics::Registry registry;
     Scheduler scheduler(costed, *tokenizer_, registry, options);
-    std::promise<std::vector<SequenceHandle>> late_handles;
-    bool submitted = false;  // only ever touched on the scheduler's thread
     costed.after_step = [&](int k) {
       if (k >= 3 && !submitted) {
         submitted = true;
@@ -249,6 +250,7 @@ class StallBoundTest : public SchedulerTest {
       EXPECT_EQ(got[i].tokens, late_alone[i].tokens) << "late sequence " << i;
       EXPECT_EQ(got[i].finish, late_alone[i].finish) << "late sequence " << i;
     }
+    scheduler.stop("test over");
     return costed.steps();
   }
 };
