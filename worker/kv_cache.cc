@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "common/error.h"
@@ -92,7 +93,11 @@ int32_t KvCache::take_page_locked() {
       throw Error(ErrorCode::kOutOfMemory, "kv cache: more than " + std::to_string(kMaxChunks) + " page chunks");
     }
     const int32_t first = int32_t(pool_pages_);
-    chunks_.emplace_back(new uint8_t[page_bytes_ * kPagesPerChunk]);
+    // Zeroed, so the chunk is resident from the start: the resident set then
+    // follows the pool (which never shrinks) rather than creeping up for
+    // minutes as decode first touches pages the pool already held, and no
+    // page faults land inside the attention kernels.
+    chunks_.push_back(std::make_unique<uint8_t[]>(page_bytes_ * kPagesPerChunk));
     pool_pages_ += kPagesPerChunk;
     for (int32_t p = int32_t(pool_pages_) - 1; p >= first; --p) free_pages_.push_back(p);
   }

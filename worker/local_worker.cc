@@ -112,6 +112,11 @@ StepResult LocalWorker::step(const StepPlan& plan) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   StepResult result;
+  const auto finish = [&] {  // every way out reports time and KV memory
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    result.kv_bytes = cache_.bytes_used();
+    result.kv_pool_bytes = cache_.bytes_reserved();
+  };
   for (SeqId seq : plan.release) release(seq);
   for (const SequenceStart& s : plan.start) {
     std::string why = start(s);
@@ -161,8 +166,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     item_seq.push_back(it.seq);
   }
   if (items.empty()) {
-    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    result.kv_bytes = cache_.bytes_used();
+    finish();
     return result;
   }
 
@@ -172,8 +176,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfMemory) throw;
     result.out_of_memory = true;  // nothing was appended; no sequence advanced
-    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    result.kv_bytes = cache_.bytes_used();
+    finish();
     return result;
   }
 
@@ -204,8 +207,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     s.tiers_seen = tiers;
     result.kv_slots += s.policy->slots();
   }
-  result.kv_bytes = cache_.bytes_used();
-  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  finish();
   return result;
 }
 

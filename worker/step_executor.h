@@ -61,6 +61,7 @@ struct StepResult {
   int64_t promotion_hits = 0;  // promoted slots that received attention this step
   int64_t kv_slots = 0;      // live slots over all sequences, layers and heads after the step
   size_t kv_bytes = 0;       // pages in use
+  size_t kv_pool_bytes = 0;  // pages the pool holds, in use or free
 };
 
 struct WorkerInfo {

@@ -84,6 +84,10 @@ inline constexpr MetricDef kKvSlots{
     kTierLabel, no_buckets()};
 inline constexpr MetricDef kKvBytes{
     "lazykv_kv_bytes", MetricType::kGauge, "Bytes of KV memory in use, by tier.", kTierLabel, no_buckets()};
+inline constexpr MetricDef kKvPoolBytes{
+    "lazykv_kv_pool_bytes", MetricType::kGauge,
+    "Bytes the KV page pool holds, in use or free (it keeps its high-water mark), by tier.", kTierLabel,
+    no_buckets()};
 inline constexpr MetricDef kKvCapacityBytes{
     "lazykv_kv_capacity_bytes", MetricType::kGauge, "KV memory capacity, by tier.", kTierLabel, no_buckets()};
 inline constexpr MetricDef kEvictions{
@@ -144,10 +148,10 @@ inline constexpr MetricDef kBuildInfo{
     kBuildLabels, no_buckets()};
 
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 30> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 31> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
     &kRequests,         &kPromptTokens,      &kGenerationTokens, &kPreemptions,    &kErrors,
-    &kKvSlots,          &kKvBytes,           &kKvCapacityBytes,  &kEvictions,      &kDemotions,
+    &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,      &kDemotions,
     &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kKvstoreBlocks,
     &kKvstoreLeases,    &kKvstorePoolFragmentation, &kKvstoreRequests, &kKvstoreNvmeAdmissions, &kTransportInfo,
     &kStepDuration,

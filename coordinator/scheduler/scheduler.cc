@@ -394,6 +394,7 @@ bool Scheduler::step_once() {
   metrics_.counter(metrics::kPromotionHits).inc(double(result.promotion_hits));
   metrics_.gauge(metrics::kKvSlots, {"device"}).set(double(result.kv_slots));
   metrics_.gauge(metrics::kKvBytes, {"device"}).set(double(result.kv_bytes));
+  metrics_.gauge(metrics::kKvPoolBytes, {"device"}).set(double(result.kv_pool_bytes));
   for (const SampledToken& sampled : result.tokens) {
     auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return SeqId(s->id) == sampled.seq; });
     if (it == running_.end() || (*it)->done) continue;

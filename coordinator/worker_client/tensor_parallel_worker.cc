@@ -144,6 +144,7 @@ StepResult TensorParallelWorker::step(const StepPlan& plan) {
     result.promotion_hits += results[r].promotion_hits;
     result.kv_slots += results[r].kv_slots;
     result.kv_bytes = std::max(result.kv_bytes, results[r].kv_bytes);
+    result.kv_pool_bytes = std::max(result.kv_pool_bytes, results[r].kv_pool_bytes);
     result.seconds = std::max(result.seconds, results[r].seconds);
   }
   return result;

@@ -99,7 +99,8 @@ curl -s "$url/metrics" >"$work/metrics"
 check "promtool check metrics" sh -c "promtool check metrics <'$work/metrics'"
 for name in lazykv_time_to_first_token_seconds_bucket lazykv_inter_token_latency_seconds_count \
   lazykv_request_duration_seconds_sum lazykv_requests_waiting lazykv_prompt_tokens_total \
-  lazykv_generation_tokens_total 'lazykv_kv_bytes{tier="device"}' 'lazykv_step_duration_seconds_count{worker="0"}'; do
+  lazykv_generation_tokens_total 'lazykv_kv_bytes{tier="device"}' \
+  'lazykv_kv_pool_bytes{tier="device"}' 'lazykv_step_duration_seconds_count{worker="0"}'; do
   check "metric $name exported" grep -qF "$name" "$work/metrics"
 done
 prom_port=$((20000 + RANDOM % 20000))

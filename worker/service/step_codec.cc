@@ -64,6 +64,7 @@ void to_proto(const StepResult& in, pb::StepResult* out) {
   out->set_promotion_hits(in.promotion_hits);
   out->set_kv_slots(in.kv_slots);
   out->set_kv_bytes(uint64_t(in.kv_bytes));
+  out->set_kv_pool_bytes(uint64_t(in.kv_pool_bytes));
 }
 
 void to_proto(const WorkerInfo& in, pb::WorkerInfo* out) {
@@ -143,6 +144,7 @@ StepResult from_proto(const pb::StepResult& in) {
   out.promotion_hits = in.promotion_hits();
   out.kv_slots = in.kv_slots();
   out.kv_bytes = size_t(in.kv_bytes());
+  out.kv_pool_bytes = size_t(in.kv_pool_bytes());
   return out;
 }
 

@@ -103,6 +103,37 @@ TEST(KvCache, CapacityIsEnforcedWithoutPartialChange) {
   EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
 }
 
+// The pool grows a chunk of 256 pages at a time, keeps what it grew (the
+// lazykv_kv_pool_bytes gauge), and hands out pages that read as zeros: the
+// chunk was written when it was taken, so it is resident from then on.
+TEST(KvCache, ThePoolGrowsByChunksKeepsItsHighWaterMarkAndStartsZeroed) {
+  KvCache cache(small_config());
+  const size_t chunk = 256 * cache.page_bytes();
+  EXPECT_EQ(cache.bytes_reserved(), 0u);
+  cache.add_sequence(1);
+  cache.reserve(1, 1);  // one page for each of 4 heads
+  EXPECT_EQ(cache.bytes_used(), 4 * cache.page_bytes());
+  EXPECT_EQ(cache.bytes_reserved(), chunk);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      const cpu::KvPages view = cache.view(1, l, h);
+      for (int i = 0; i < 4 * 8; ++i) {
+        ASSERT_EQ(view.keys[0][i], 0) << "layer " << l << ", head " << h;
+        ASSERT_EQ(view.values[0][i], 0) << "layer " << l << ", head " << h;
+      }
+    }
+  }
+  cache.reserve(1, 257);  // 65 pages for each of 4 heads: a second chunk
+  EXPECT_EQ(cache.bytes_used(), 260 * cache.page_bytes());
+  EXPECT_EQ(cache.bytes_reserved(), 2 * chunk);
+  cache.remove_sequence(1);
+  EXPECT_EQ(cache.bytes_used(), 0u);
+  EXPECT_EQ(cache.bytes_reserved(), 2 * chunk);
+  cache.add_sequence(2);
+  append_tokens(cache, 2, 0, 8);  // reuses freed pages; the pool does not grow
+  EXPECT_EQ(cache.bytes_reserved(), 2 * chunk);
+}
+
 TEST(KvCache, SequencesAreIsolated) {
   KvCache cache(small_config());
   cache.add_sequence(1);

@@ -101,6 +101,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   result.promotion_hits = 3;
   result.kv_slots = 123456;
   result.kv_bytes = size_t(5) << 33;
+  result.kv_pool_bytes = size_t(7) << 33;
   const StepResult back = round_trip<rpc::pb::StepResult>(result);
   EXPECT_TRUE(back.out_of_memory);
   ASSERT_EQ(back.tokens.size(), 2u);
@@ -120,6 +121,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   EXPECT_EQ(back.promotion_hits, 3);
   EXPECT_EQ(back.kv_slots, result.kv_slots);
   EXPECT_EQ(back.kv_bytes, result.kv_bytes);
+  EXPECT_EQ(back.kv_pool_bytes, result.kv_pool_bytes);
 }
 
 TEST(StepCodec, WorkerInfoRoundTrip) {
