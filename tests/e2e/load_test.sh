@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# A bounded load test: 64 concurrent streams against `lazykv serve` for two
-# rounds of LOAD_SECONDS (default 60, so 2 minutes in all) with the load
+# A bounded load test: 64 concurrent streams against `lazykv serve` for three
+# rounds of LOAD_SECONDS (default 40, so 2 minutes in all) with the load
 # generator (`lazykv bench-serve`). Passes when no request fails, nothing is
 # left running or cached afterwards, and the server's memory does not keep
-# growing: the resident set outside the KV page pool after round 2 is within
-# 10% of after round 1. The pool is left out because it keeps its high-water
-# mark, which depends on how the streams' lengths happened to overlap; a page
-# lost from it would show as KV left in use, which is checked.
+# growing: the resident set outside the KV page pool after round 3 is within
+# 5% of after round 2. Round 1 warms up: buffers sized by the largest step
+# seen (the logits of 64 sampled rows alone are 12 MB) reach their high-water
+# mark there. The pool is left out because it keeps its high-water mark,
+# which depends on how the streams' lengths happened to overlap; a page lost
+# from it would show as KV left in use, which is checked.
 #   usage: load_test.sh LAZYKV_BINARY
 set -uo pipefail
 bin=$1
 [ -f "${LAZYKV_DEFAULT_MODEL:-}" ] || { echo "skipped: LAZYKV_DEFAULT_MODEL is not set"; exit 77; }
-seconds=${LOAD_SECONDS:-60}
+seconds=${LOAD_SECONDS:-40}
 streams=${LOAD_STREAMS:-64}
 work=$(mktemp -d)
 server=""
@@ -32,7 +34,7 @@ for _ in $(seq 1 300); do
 done
 [ -n "$url" ] || { cat "$work/serve.log" >&2; exit 1; }
 
-for round in 1 2; do
+for round in 1 2 3; do
   "$bin" bench-serve --url "$url" --concurrency "$streams" --duration "$seconds" --max-tokens 48 \
     --prompt-tokens-approx 64 --temperature 0.7 --seed "$round" >"$work/round$round.json"
   code=$?
@@ -41,9 +43,9 @@ for round in 1 2; do
     test "$(json "$work/round$round.json" 'd["errors"] == 0 and d["requests"] >= d["concurrency"]')" = True
   eval "rss$round=$(rss_kib) pool$round=$(pool_kib)"
 done
-echo "resident set after round 1: ${rss1} KiB (KV pool ${pool1} KiB), after round 2: ${rss2} KiB (KV pool ${pool2} KiB)"
-check "memory outside the KV pool is stable (round 2 within 10% of round 1)" \
-  test $((rss2 - pool2)) -le $(((rss1 - pool1) + (rss1 - pool1) / 10))
+echo "after rounds 1/2/3: resident set ${rss1}/${rss2}/${rss3} KiB, KV pool ${pool1}/${pool2}/${pool3} KiB"
+check "memory outside the KV pool is stable (round 3 within 5% of round 2)" \
+  test $((rss3 - pool3)) -le $(((rss2 - pool2) + (rss2 - pool2) / 20))
 metrics=$(curl -s "$url/metrics")
 check "nothing left running" grep -q '^lazykv_requests_running 0$' <<<"$metrics"
 check "no KV left in use" grep -q '^lazykv_kv_bytes{tier="device"} 0$' <<<"$metrics"
@@ -61,6 +63,6 @@ wait "$load"
 check "the load generator finished after the drain" test -s "$work/drain.json"
 completed=$(json "$work/drain.json" 'd["requests"] - d["errors"]')
 check "requests in flight at SIGTERM completed ($completed of $(json "$work/drain.json" 'd["requests"]'))" test "$completed" -ge 1
-cat "$work/round2.json"
+cat "$work/round3.json"
 [ "$failures" -eq 0 ] || exit 1
 echo "load test passed"
