@@ -5,8 +5,9 @@
 // With --world N > 1 it is one rank of a tensor-parallel group: it holds its
 // shard of the model and serves the step protocol on its own --listen; the
 // coordinator (`--worker` once per rank, in rank order) arranges the ranks'
-// rendezvous (JoinGroup; Gloo over TCP between the ranks), forms the group
-// again when a rank restarts, and sends every step to every rank.
+// rendezvous (JoinGroup; Gloo over TCP between the ranks, or NCCL with
+// --collective nccl), forms the group again when a rank restarts, and sends
+// every step to every rank.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -20,7 +21,7 @@
 #include "common/flags.h"
 #include "common/rpc/grpc_server.h"
 #include "worker/local_worker.h"
-#include "worker/parallel/gloo_group.h"
+#include "worker/parallel/collective.h"
 #include "worker/parallel/group_membership.h"
 #include "worker/service/worker_service.h"
 
@@ -31,7 +32,10 @@ int run_worker(const std::vector<std::string>& args) {
   flags.add("listen", "127.0.0.1:7001", "HOST:PORT for the coordinator's step protocol (port 0: any free port, printed)")
       .add("rank", "0", "this worker's rank in its tensor-parallel group")
       .add("world", "1", "ranks in the tensor-parallel group (each holds its share of the heads and MLP)")
-      .add("tp-host", "127.0.0.1", "with --world > 1: the address this rank's peers reach it on");
+      .add("tp-host", "127.0.0.1", "with --world > 1: the address this rank's peers reach it on (Gloo)")
+      .add("collective", "gloo",
+           "the tensor-parallel all-reduce: gloo (TCP) or nccl (through this rank's CUDA device; every rank the same)")
+      .add("cuda-device", "-1", "with --collective nccl: this rank's CUDA device (-1: rank modulo the devices)");
   flags.parse(args);
   if (flags.help_requested()) {
     std::fputs(flags.usage().c_str(), stdout);
@@ -41,6 +45,13 @@ int run_worker(const std::vector<std::string>& args) {
   const int64_t rank = flags.get_int("rank");
   if (world < 1) throw Error(ErrorCode::kInvalidArgument, "--world must be >= 1");
   if (rank < 0 || rank >= world) throw Error(ErrorCode::kInvalidArgument, "--rank must be in [0, --world)");
+  GroupSpec group_spec;
+  group_spec.collective = parse_collective(flags.get("collective"));
+  group_spec.rank = int(rank);
+  group_spec.world = int(world);
+  group_spec.hostname = flags.get("tp-host");
+  group_spec.cuda_device = int(flags.get_int("cuda-device"));
+  const int cuda_device = check_collective(group_spec);  // before the model loads: fail fast
   const auto [host, port] = parse_host_port(flags.get("listen"), "--listen");
   const sigset_t signals = block_termination_signals();
 
@@ -53,18 +64,14 @@ int run_worker(const std::vector<std::string>& args) {
   LocalWorker worker(*m.model, options, membership);
   JoinGroupFn join;
   if (world > 1) {
-    const std::string tp_host = flags.get("tp-host");
-    join = [&, tp_host](std::chrono::milliseconds timeout, gloo::rendezvous::Store& store) {
+    join = [&](std::chrono::milliseconds timeout, gloo::rendezvous::Store& store) {
       std::fprintf(stderr, "lazykv worker: rank %lld of %lld joining its group\n", static_cast<long long>(rank),
                    static_cast<long long>(world));
       worker.release_all();  // the peers' halves of these caches are gone
       membership.leave();
-      GlooGroupOptions group_options;
-      group_options.rank = int(rank);
-      group_options.world = int(world);
-      group_options.hostname = tp_host;
-      group_options.timeout = timeout;
-      membership.join(std::make_unique<GlooGroup>(group_options, store));
+      GroupSpec spec = group_spec;
+      spec.timeout = timeout;
+      membership.join(form_group(spec, store));
       std::fprintf(stderr, "lazykv worker: rank %lld joined group %d\n", static_cast<long long>(rank),
                    membership.joins());
     };
@@ -79,6 +86,13 @@ int run_worker(const std::vector<std::string>& args) {
   std::printf("lazykv worker: listening on %s:%d\n", shown_host.c_str(), bound_port);
   std::printf("lazykv worker: rank %lld of %lld, n_ctx %d, %lld MiB KV cache\n", static_cast<long long>(rank),
               static_cast<long long>(world), worker.info().n_ctx, static_cast<long long>(options.kv_capacity_bytes >> 20));
+  if (world > 1) {
+    if (cuda_device >= 0) {
+      std::printf("lazykv worker: all-reduce over nccl on CUDA device %d\n", cuda_device);
+    } else {
+      std::printf("lazykv worker: all-reduce over %s\n", collective_name(group_spec.collective));
+    }
+  }
   std::fflush(stdout);
 
   int signal = 0;

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # A whole lazykv deployment on one machine, on loopback: optionally a kvstore
-# (host + NVMe KV tiers), N worker ranks (tensor parallel over Gloo when
-# N > 1), and a coordinator (HTTP API, tokenizer, scheduler). Waits until all
+# (host + NVMe KV tiers), N worker ranks (tensor parallel over Gloo, or
+# NCCL with --collective nccl, when N > 1), and a coordinator (HTTP API, tokenizer, scheduler). Waits until all
 # are ready, prints the URL, and forwards SIGTERM/SIGINT (the coordinator
 # drains first, then the workers and the kvstore stop). If any process exits,
 # the others are stopped and the launcher exits non-zero.
 #
-#   deploy/local/launch.sh [--bin PATH] [--model M] [--world N] [--kvstore] [--nvme-path DIR]
+#   deploy/local/launch.sh [--bin PATH] [--model M] [--world N] [--collective gloo|nccl] [--kvstore] [--nvme-path DIR]
 #                          [--worker-port P] [--http-port P] [--threads N] [--kv-cache-mib N]
 #                          [-- extra coordinator flags]
 #
 # --world N       worker ranks (default 1); each gets --threads / N threads when --threads > 0
+# --collective C  the ranks' all-reduce: gloo (default) or nccl (rank r on CUDA device r mod devices)
 # --kvstore       start a kvstore and point the workers at it (lazy+tiers demotes there)
 # --nvme-path DIR the kvstore's RocksDB tier (default: none)
 # Environment (flags win): LAZYKV_BIN (default: lazykv on PATH, else build/cli/lazykv),
@@ -26,6 +27,7 @@ http_port=${LAZYKV_HTTP_PORT:-8000}
 threads=${LAZYKV_THREADS:-0}
 kv_mib=${LAZYKV_KV_CACHE_MIB:-1024}
 world=1
+collective=gloo
 with_kvstore=0
 nvme_path=""
 extra=()
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --world) world=$2; shift 2 ;;
+    --collective) collective=$2; shift 2 ;;
     --kvstore) with_kvstore=1; shift ;;
     --nvme-path) nvme_path=$2; shift 2 ;;
     --worker-port) worker_port=$2; shift 2 ;;
@@ -91,7 +94,7 @@ fi
 
 rank_threads=$threads
 [ "$threads" -gt 0 ] && [ "$world" -gt 1 ] && rank_threads=$(( threads / world > 0 ? threads / world : 1 ))
-[ "$world" -gt 1 ] && worker_flags+=(--world "$world")  # the coordinator forms the group
+[ "$world" -gt 1 ] && worker_flags+=(--world "$world" --collective "$collective")  # the coordinator forms the group
 for ((rank = 0; rank < world; rank++)); do
   port=$worker_port
   [ "$worker_port" != 0 ] && port=$((worker_port + rank))

@@ -63,6 +63,17 @@ expect_exit 1 "garbage model" "$lazykv" generate --model "$tmp/garbage.gguf" --p
 LAZYKV_CACHE_DIR="$tmp/empty-cache" "$lazykv" generate --model default --prompt hi >"$tmp/out" 2>"$tmp/err"
 expect_in "$tmp/err" "run scripts/setup.sh" "missing default model says how to fetch it"
 expect_exit 2 "unknown command" "$lazykv" frobnicate
+# A worker's tensor-parallel collective: an unknown name lists the valid ones;
+# NCCL where it cannot run fails at start-up, before the model loads, saying why.
+expect_exit 2 "unknown collective" "$lazykv" worker --model "$model" --world 2 --collective mpi
+expect_in "$tmp/err" "unknown collective 'mpi' (valid: gloo, nccl)" "unknown collective lists the valid ones"
+if nvidia-smi -L >/dev/null 2>&1; then
+  pass "nccl without a CUDA device: skipped (this machine has one)"
+else
+  expect_exit 1 "nccl without a CUDA device" "$lazykv" worker --model "$model" --world 2 --collective nccl
+  if grep -qE -- "--collective nccl: (NCCL needs a CUDA device, and none is usable|this lazykv was built without NCCL)" \
+    "$tmp/err"; then pass "nccl without a CUDA device says why"; else fail "nccl without a CUDA device: $(cat "$tmp/err")"; fi
+fi
 expect_exit 0 "help" "$lazykv" generate --help
 expect_in "$tmp/out" "--max-tokens" "help lists flags"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end: a tensor-parallel group of two `lazykv worker` ranks (--world 2,
-# Gloo over loopback) behind one `lazykv coordinator` (--worker per rank), which
+# Gloo over loopback, or NCCL) behind one `lazykv coordinator` (--worker per rank), which
 # arranges the ranks' rendezvous; both ranks demote to one `lazykv kvstore`. A
 # greedy completion must match `lazykv serve` on the same model word for word;
 # a lazy+tiers request moves blocks through the kvstore; the kvstore is killed
@@ -8,10 +8,17 @@
 # tiers); then one rank is killed and new requests must fail fast with an
 # error naming that worker (not hang); restarted, the rank is taken back into
 # a new group and the greedy text is the same again.
-#   usage: tensor_parallel_test.sh LAZYKV_BINARY
+#   usage: tensor_parallel_test.sh LAZYKV_BINARY [gloo|nccl]
+# The second argument is the ranks' --collective (default gloo); nccl needs
+# two CUDA devices (NCCL refuses two ranks on one) and a build with NCCL.
 # Needs LAZYKV_DEFAULT_MODEL (set by scripts/test.sh); exits 77 (skipped) without it.
 set -uo pipefail
 bin=$1
+collective=${2:-gloo}
+if [ "$collective" = nccl ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -lt 2 ]; then
+  echo "skipped: --collective nccl needs two CUDA devices"
+  exit 77
+fi
 source "$(dirname "$0")/lib.sh"
 now() { date +%s.%N; }
 elapsed_below() { /usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) - float(sys.argv[1]) < float(sys.argv[3]) else 1)" "$@"; }
@@ -52,7 +59,8 @@ rank_pids=()
 # start_rank RANK LISTEN: a rank in the background, its pid in rank_pids[RANK].
 start_rank() {
   "$bin" worker --model "$LAZYKV_DEFAULT_MODEL" --listen "$2" --threads 1 --kv-cache-mib 256 \
-    --rank "$1" --world 2 --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp >>"$work/rank$1.log" 2>&1 &
+    --rank "$1" --world 2 --collective "$collective" --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp \
+    >>"$work/rank$1.log" 2>&1 &
   rank_pids[$1]=$!
   pids+=($!)
 }
@@ -81,6 +89,7 @@ cmp -s "$work/text" "$work/serve_text" || { echo "serve: $(cat "$work/serve_text
 /usr/bin/python3 -c "print('   informative: serve %.1f tok/s, two ranks %.1f tok/s (%s tokens, prompt included in the time)' % ($serve_tokens / $serve_seconds, $tp_tokens / $tp_seconds, $tp_tokens))"
 for rank in 0 1; do
   check "rank $rank served steps" grep -q "rank $rank of 2" "$work/rank$rank.log"
+  check "rank $rank all-reduces over $collective" grep -q "all-reduce over $collective" "$work/rank$rank.log"
 done
 
 # The official OpenAI Python client (streaming and not, chat and completions)
