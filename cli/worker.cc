@@ -51,7 +51,8 @@ int run_worker(const std::vector<std::string>& args) {
   group_spec.world = int(world);
   group_spec.hostname = flags.get("tp-host");
   group_spec.cuda_device = int(flags.get_int("cuda-device"));
-  const int cuda_device = check_collective(group_spec);  // before the model loads: fail fast
+  // Before the model loads: fail fast. One rank joins no group, so needs none.
+  const int cuda_device = world > 1 ? check_collective(group_spec) : -1;
   const auto [host, port] = parse_host_port(flags.get("listen"), "--listen");
   const sigset_t signals = block_termination_signals();
 

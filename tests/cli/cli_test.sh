@@ -70,7 +70,9 @@ expect_in "$tmp/err" "unknown collective 'mpi' (valid: gloo, nccl)" "unknown col
 if nvidia-smi -L >/dev/null 2>&1; then
   pass "nccl without a CUDA device: skipped (this machine has one)"
 else
-  expect_exit 1 "nccl without a CUDA device" "$lazykv" worker --model "$model" --world 2 --collective nccl
+  # (bounded and on a free port, in case CUDA sees a device after all)
+  expect_exit 1 "nccl without a CUDA device" timeout 60 "$lazykv" worker --model "$model" --world 2 --collective nccl \
+    --listen 127.0.0.1:0
   if grep -qE -- "--collective nccl: (NCCL needs a CUDA device, and none is usable|this lazykv was built without NCCL)" \
     "$tmp/err"; then pass "nccl without a CUDA device says why"; else fail "nccl without a CUDA device: $(cat "$tmp/err")"; fi
 fi

@@ -15,9 +15,16 @@
 set -uo pipefail
 bin=$1
 collective=${2:-gloo}
-if [ "$collective" = nccl ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -lt 2 ]; then
-  echo "skipped: --collective nccl needs two CUDA devices"
-  exit 77
+if [ "$collective" = nccl ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # what CUDA shows this process
+    visible=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+    [ "$visible" -lt "$gpus" ] && gpus=$visible
+  fi
+  if [ "$gpus" -lt 2 ]; then
+    echo "skipped: --collective nccl needs two CUDA devices ($gpus visible)"
+    exit 77
+  fi
 fi
 source "$(dirname "$0")/lib.sh"
 now() { date +%s.%N; }
