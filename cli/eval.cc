@@ -85,7 +85,7 @@ int run_fidelity(const std::vector<std::string>& args) {
   flags.add("prompts", "", "JSONL file of {\"prompt\": ...} (default: GSM8K questions with the CoT instruction)")
       .add("n-prompts", "4", "GSM8K questions to use when --prompts is not given")
       .add("length", "2048", "reference continuation length in tokens")
-      .add("policies", "lazy,streaming,h2o,tova,snapkv,rkv,raas", "policies to compare with full KV")
+      .add("policies", "lazy,streaming,h2o,tova,snapkv,rkv,raas,caote", "policies to compare with full KV")
       .add("budgets", "0.1,0.2,0.3,0.5", "KV budgets: < 1 a ratio of --length, >= 1 slots")
       .add("speed-steps", "512", "decode steps of the unbatched speed run per configuration (0: none)");
   flags.parse(args);

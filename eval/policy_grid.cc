@@ -12,7 +12,8 @@ namespace lazykv::eval {
 
 const char* const kParamRule =
     "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. "
-    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv `window`) is min(catalog default, max(1, budget / 4)), so "
+    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv `window`; caote `recent`) is min(catalog default, "
+    "max(1, budget / 4)), so "
     "that at least three quarters of the budget is chosen by the policy's score; streaming keeps its 4 sinks and "
     "h2o its half-budget recent window.";
 
@@ -27,7 +28,7 @@ PolicyConfig grid_policy_config(const std::string& name, int32_t budget) {
   for (const PolicyInfo& info : policy_catalog()) {
     if (info.name != name) continue;
     for (const PolicyParam& p : info.params) {
-      if (p.name == "window") {
+      if (p.name == "window" || (name == "caote" && p.name == "recent")) {
         params[p.name] = std::to_string(std::min(int32_t(p.default_value), std::max(1, budget / 4)));
       } else if (p.name == "sinks" && p.default_value >= budget) {
         params[p.name] = std::to_string(std::max(1, budget / 4));

@@ -34,6 +34,21 @@ void top_k_slots(const float* scores, int32_t n, int32_t k, int32_t* keep, int32
   std::sort(keep, keep + k);
 }
 
+void caote_scores(const float* p, const float* values, int32_t n, int head_dim, float* o, float* out) {
+  std::fill(o, o + head_dim, 0.0f);
+  for (int32_t s = 0; s < n; ++s) {
+    const float* v = values + int64_t(s) * head_dim;
+    for (int d = 0; d < head_dim; ++d) o[d] += p[s] * v[d];
+  }
+  for (int32_t s = 0; s < n; ++s) {
+    const float* v = values + int64_t(s) * head_dim;
+    float sq = 0.0f;
+    for (int d = 0; d < head_dim; ++d) sq += (o[d] - v[d]) * (o[d] - v[d]);
+    const float rest = 1.0f - p[s];
+    out[s] = rest > 0.0f ? p[s] / rest * std::sqrt(sq) : INFINITY;
+  }
+}
+
 void max_pool1d(const float* x, int32_t n, int kernel, float* y) {
   const int32_t half = kernel / 2;
   for (int32_t s = 0; s < n; ++s) {

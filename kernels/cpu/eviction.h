@@ -25,6 +25,13 @@ void lazy_scores(const int32_t* last, const int32_t* mri, int32_t n, int32_t t, 
 // scores: [n]; keep: [k]; scratch: [n]. Requires 0 <= k <= n.
 void top_k_slots(const float* scores, int32_t n, int32_t k, int32_t* keep, int32_t* scratch);
 
+// CAOTE: the attention-output error of evicting each slot alone. With p the
+// current query's attention over the slots and o = sum_s p[s] v[s], dropping
+// slot s (the others renormalised) moves the output by p[s] / (1 - p[s]) *
+// (o - v[s]); out[s] is that vector's L2 norm (+inf when p[s] = 1).
+// p, out: [n]; values: [n][head_dim]; o: scratch [head_dim], left holding o.
+void caote_scores(const float* p, const float* values, int32_t n, int head_dim, float* o, float* out);
+
 // Same-length 1-D pooling over a window of `kernel` (odd) slots centred on
 // each slot; the window is cut at the ends (padding never counts).
 // x, y: [n], must not alias.

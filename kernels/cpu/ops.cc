@@ -256,6 +256,13 @@ void gather_keys(const KvPages& kv, int head_dim, float* out) {
   }
 }
 
+void gather_values(const KvPages& kv, int head_dim, float* out) {
+  for (int32_t s = 0; s < kv.n_slots; ++s) {
+    const uint16_t* vp = kv.values[s / kv.page_slots] + int64_t(s % kv.page_slots) * head_dim;
+    for (int d = 0; d < head_dim; ++d) out[int64_t(s) * head_dim + d] = fp16_to_fp32(vp[d]);
+  }
+}
+
 void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos,
                      float scale, float* scores, float* out, float* lse, const AttentionStats* stats) {
   const int32_t n = kv.n_slots;

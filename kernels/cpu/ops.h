@@ -71,6 +71,8 @@ void attention_probs(const float* q, int n_q, int head_dim, const KvPages& kv, i
 
 // Keys of every slot as f32 rows: out[n_slots][head_dim].
 void gather_keys(const KvPages& kv, int head_dim, float* out);
+// Values of every slot as f32 rows: out[n_slots][head_dim].
+void gather_values(const KvPages& kv, int head_dim, float* out);
 
 // Converts n floats to f16.
 void to_f16(const float* x, uint16_t* y, int64_t n);

@@ -51,6 +51,7 @@ DEFAULTS = {
     "snapkv": {"budget": 512, "window": 32, "kernel": 5, "period": 128},
     "rkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1},
     "raas": {"budget": 512, "alpha": 1e-4},
+    "caote": {"budget": 512, "recent": 32},
 }
 
 
@@ -116,7 +117,7 @@ class Head:
         self.keys = []    # float32 [D] each
         self.last = []    # lazy last / raas timestamp
         self.mri = []
-        self.attn = []    # h2o / tova
+        self.attn = []    # h2o / tova / caote
 
     def keep(self, idx):
         for name in ("pos", "keys", "last", "mri", "attn"):
@@ -201,7 +202,7 @@ class Replay:
                     q = np.asarray(tr["prompt_queries"][h][p], dtype=np.float64).astype(F32)
                     if self.name in ("snapkv", "rkv") and p >= self.P - self.p["window"]:
                         self.remember(h, p, q)
-                    if self.name == "h2o" or (self.name == "tova" and p == self.P - 1):
+                    if self.name == "h2o" or (self.name in ("tova", "caote") and p == self.P - 1):
                         pr = self.probs(h, q, p)
                         hd = self.heads[h]
                         hd.attn = [F32(a + b) for a, b in zip(hd.attn, pr)]
@@ -218,7 +219,7 @@ class Replay:
         elif self.name == "raas":
             # Timestamp = the step the slot arrives (prompt slots: 0, consulted the code).
             hd.last.append(step)
-        elif self.name in ("h2o", "tova"):
+        elif self.name in ("h2o", "tova", "caote"):
             hd.attn.append(F32(0))
 
     def decode(self, i, step):
@@ -235,7 +236,7 @@ class Replay:
             self.check_alpha(pr)
             hits.append(pr >= self.alpha)
             hd = self.heads[h]
-            if self.name in ("h2o", "tova"):
+            if self.name in ("h2o", "tova", "caote"):
                 hd.attn = [F32(a + b) for a, b in zip(hd.attn, pr)]
         self.select(prompt_completed=False, hits=hits)
 
@@ -285,6 +286,28 @@ class Replay:
                     hd.keep(kept)
             # Only the current query counts: the sums restart every pass, so
             # the reported state is zeros (consulted the code).
+            for hd in self.heads:
+                hd.attn = [F32(0)] * len(hd.pos)
+            return
+        if name == "caote":
+            # Per head: the R newest slots, then the top of p/(1-p) * |o - v|
+            # over the others, with o = sum p v over every slot and p the
+            # current query's attention (one query per head in a trace); a
+            # trace's values are its keys, as cached (f16).
+            C, R = p["budget"], p["recent"]
+            if t > 0 or prompt_completed:
+                for hd in self.heads:
+                    n = len(hd.pos)
+                    if n <= C:
+                        continue
+                    pr = np.array(hd.attn, dtype=F32)
+                    values = np.array(hd.keys, dtype=F32)
+                    o = (pr[:, None] * values).sum(axis=0, dtype=F32)
+                    dist = np.sqrt(((o[None, :] - values) ** 2).sum(axis=1, dtype=F32)).astype(F32)
+                    rest = (F32(1) - pr).astype(F32)
+                    safe = np.where(rest > 0, rest, F32(1)).astype(F32)
+                    scores = np.where(rest > 0, (pr / safe).astype(F32) * dist, np.inf).astype(F32)
+                    hd.keep(self.keep_top(scores, n - R, n, C - R, f"caote t={t}"))
             for hd in self.heads:
                 hd.attn = [F32(0)] * len(hd.pos)
             return
@@ -365,7 +388,7 @@ class Replay:
             return {"last": list(map(int, hd.last)), "mri": list(map(int, hd.mri))}
         if self.name == "raas":
             return {"timestamp": list(map(int, hd.last))}
-        if self.name in ("h2o", "tova"):
+        if self.name in ("h2o", "tova", "caote"):
             return {"attn": [float(a) for a in hd.attn]}
         return {}
 
@@ -546,6 +569,10 @@ def cases():
     # Steps where older decode slots are hit along with the newest token: the
     # newest token must still stay (a plain older-first top-k would drop it).
     add("raas_newest_kept", generate(820, dict(raas, budget=10), 8, 45, want_newest_case=True), 10)
+
+    add("caote_random1", generate(900, {"name": "caote", "budget": 12, "recent": 3}, 8, 60), 10)
+    # recent 0: the paper's criterion alone (the newest token competes too).
+    add("caote_prefill", generate(910, {"name": "caote", "budget": 10, "recent": 0}, 12, 50, prompt_queries=True), 10)
     return out
 
 

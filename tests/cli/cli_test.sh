@@ -157,8 +157,13 @@ expect_in "$tmp/err" "valid policies" "eval unknown policy lists the valid ones"
 expect_exit 0 "generate with lazy" "$lazykv" generate --model "$model" --chat --prompt "Count from 1 to 30." \
   --max-tokens 80 --kv-policy lazy --kv-budget 48 --kv-window 16
 expect_in "$tmp/err" "kv policy lazy(alpha=0.0001,budget=48,per_query_head=0,window=16)" "lazy policy summary"
+expect_exit 0 "generate with caote" "$lazykv" generate --model "$model" --chat --prompt "Count from 1 to 30." \
+  --max-tokens 80 --kv-policy caote --kv-budget 48 --kv-recent 8
+expect_in "$tmp/err" "kv policy caote(budget=48,recent=8)" "caote policy summary"
+expect_exit 2 "caote recent not below budget" "$lazykv" generate --model "$model" --prompt hi --kv-policy caote --kv-budget 16
+expect_in "$tmp/err" "recent (32) must be smaller than budget (16)" "caote recent rule explained"
 expect_exit 2 "unknown policy" "$lazykv" generate --model "$model" --prompt hi --kv-policy bogus
-expect_in "$tmp/err" "valid policies: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas" "unknown policy lists the valid ones"
+expect_in "$tmp/err" "valid policies: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas, caote" "unknown policy lists the valid ones"
 expect_exit 2 "parameter the policy lacks" "$lazykv" generate --model "$model" --prompt hi --kv-policy streaming --kv-window 8
 expect_in "$tmp/err" "policy streaming has no parameter 'window'" "parameter the policy lacks is named"
 expect_exit 2 "window not below budget" "$lazykv" generate --model "$model" --prompt hi --kv-policy lazy --kv-budget 8 --kv-window 8

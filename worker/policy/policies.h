@@ -16,5 +16,6 @@ std::unique_ptr<EvictionPolicy> make_tova_policy(const PolicyConfig& config, con
 std::unique_ptr<EvictionPolicy> make_snapkv_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_rkv_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_raas_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_caote_policy(const PolicyConfig& config, const PolicyShape& shape);
 
 }  // namespace lazykv

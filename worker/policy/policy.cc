@@ -230,6 +230,7 @@ std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const Po
   if (n == "snapkv") return make_snapkv_policy(config, shape);
   if (n == "rkv") return make_rkv_policy(config, shape);
   if (n == "raas") return make_raas_policy(config, shape);
+  if (n == "caote") return make_caote_policy(config, shape);
   throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + n + "'");
 }
 

@@ -169,7 +169,7 @@ class EvictionPolicy {
 
   // Scratch for select() (one set per layer: layers run concurrently).
   struct Scratch {
-    std::vector<float> scores, pooled, probs, keys, aux;
+    std::vector<float> scores, pooled, probs, keys, values, aux;
     std::vector<int32_t> index;
   };
   Scratch& scratch(int layer) { return scratch_[size_t(layer)]; }

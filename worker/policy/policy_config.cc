@@ -62,7 +62,7 @@ void check_cross_rules(const PolicyConfig& c) {
     require_below_budget("window");
   }
   if (c.name == "streaming") require_below_budget("sinks");
-  if (c.name == "h2o") require_below_budget("recent");
+  if (c.name == "h2o" || c.name == "caote") require_below_budget("recent");
 }
 
 }  // namespace
@@ -108,6 +108,9 @@ const std::vector<PolicyInfo>& policy_catalog() {
       {"raas",
        "RaaS: timestamps refreshed by attention >= alpha, the oldest evicted, prompt kept",
        {budget_param(), {"alpha", 1e-4, 0, 1, false, "attention probability that refreshes a timestamp"}}},
+      {"caote",
+       "CAOTE: per KV head, a recent window plus the slots whose eviction would move the current attention output most",
+       {budget_param(), {"recent", 32, 0, kMaxSlots, true, "recent slots always kept (0: none, the paper's criterion alone)"}}},
   };
   return catalog;
 }

@@ -283,7 +283,9 @@ TEST(PolicyGridTest, BudgetsAndWindowRule) {
   EXPECT_EQ(grid_policy_config("streaming", 3).get_int("sinks"), 1);
   EXPECT_EQ(grid_policy_config("h2o", 10).get_int("recent"), 0);
   EXPECT_EQ(grid_policy_config("tova", 10).budget(), 10);
-  EXPECT_EQ(parse_policies("all").size(), 8u);
+  EXPECT_EQ(grid_policy_config("caote", 1000).get_int("recent"), 32);  // the default fits
+  EXPECT_EQ(grid_policy_config("caote", 40).get_int("recent"), 10);
+  EXPECT_EQ(parse_policies("all").size(), 9u);
   EXPECT_THROW(parse_policies("lazy,bogus"), std::exception);
   EXPECT_EQ(parse_budgets("0.1, 0.5,64"), (std::vector<double>{0.1, 0.5, 64}));
   EXPECT_THROW(parse_budgets("0"), std::exception);

@@ -147,5 +147,53 @@ TEST(CompactSlots, IdentityAndEmpty) {
   EXPECT_EQ(a, (std::vector<float>{1.5f, 2.5f, 3.5f}));
 }
 
+TEST(CaoteScores, HandComputed) {
+  // o = 0.5 (1, 0) + 0.25 (0, 1) + 0.25 (0, -1) = (0.5, 0).
+  const std::vector<float> p = {0.5f, 0.25f, 0.25f, 0.0f};
+  const std::vector<float> v = {1, 0, 0, 1, 0, -1, 3, 3};
+  std::vector<float> o(2), out(4);
+  caote_scores(p.data(), v.data(), 4, 2, o.data(), out.data());
+  EXPECT_FLOAT_EQ(o[0], 0.5f);
+  EXPECT_FLOAT_EQ(o[1], 0.0f);
+  EXPECT_FLOAT_EQ(out[0], 0.5f);                         // 0.5 / 0.5 * |(-0.5, 0)|
+  EXPECT_FLOAT_EQ(out[1], std::sqrt(1.25f) / 3.0f);      // 0.25 / 0.75 * |(0.5, -1)|
+  EXPECT_FLOAT_EQ(out[2], out[1]);
+  EXPECT_EQ(out[3], 0.0f);                               // no attention: no error
+}
+
+TEST(CaoteScores, EqualsTheOutputShiftOfEvictingEachSlot) {
+  // The definition: drop slot s, renormalise the rest, measure how far the
+  // attention output moves.
+  const int32_t n = 7;
+  const int D = 5;
+  std::vector<float> p(n), v(size_t(n) * D), o(D), out(n);
+  float total = 0;
+  for (int32_t s = 0; s < n; ++s) total += p[size_t(s)] = 1.0f + float((s * 37) % 11);
+  for (float& x : p) x /= total;
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.7f * float(i)) * 2.0f;
+  caote_scores(p.data(), v.data(), n, D, o.data(), out.data());
+  for (int32_t s = 0; s < n; ++s) {
+    double shift = 0;
+    for (int d = 0; d < D; ++d) {
+      double without = 0;
+      for (int32_t j = 0; j < n; ++j) {
+        if (j != s) without += double(p[size_t(j)]) * v[size_t(j) * D + d];
+      }
+      without /= 1.0 - double(p[size_t(s)]);
+      shift += (without - o[size_t(d)]) * (without - o[size_t(d)]);
+    }
+    EXPECT_NEAR(out[size_t(s)], std::sqrt(shift), 1e-5) << "slot " << s;
+  }
+}
+
+TEST(CaoteScores, ASlotHoldingAllTheAttentionCannotBeDropped) {
+  const std::vector<float> p = {0.0f, 1.0f};
+  const std::vector<float> v = {1, 2};
+  std::vector<float> o(1), out(2);
+  caote_scores(p.data(), v.data(), 2, 1, o.data(), out.data());
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_TRUE(std::isinf(out[1]));
+}
+
 }  // namespace
 }  // namespace lazykv::cpu
