@@ -85,7 +85,8 @@ int run_fidelity(const std::vector<std::string>& args) {
   flags.add("prompts", "", "JSONL file of {\"prompt\": ...} (default: GSM8K questions with the CoT instruction)")
       .add("n-prompts", "4", "GSM8K questions to use when --prompts is not given")
       .add("length", "2048", "reference continuation length in tokens")
-      .add("policies", "lazy,streaming,h2o,tova,snapkv,rkv,raas,caote", "policies to compare with full KV")
+      .add("policies", "lazy,streaming,h2o,tova,snapkv,rkv,raas,caote,obcache",
+           "policies to compare with full KV; name(param=value,...) sets parameters, e.g. h2o(recent=32)")
       .add("budgets", "0.1,0.2,0.3,0.5", "KV budgets: < 1 a ratio of --length, >= 1 slots")
       .add("speed-steps", "512", "decode steps of the unbatched speed run per configuration (0: none)");
   flags.parse(args);
@@ -137,7 +138,8 @@ int run_accuracy(const std::vector<std::string>& args) {
   flags.add("dataset", "gsm8k", "data set: gsm8k or math500")
       .add("limit", "0", "problems to use; 0 is all")
       .add("offset", "0", "first problem")
-      .add("policies", "all", "policies to compare with full KV ('all': every evicting policy)")
+      .add("policies", "all",
+           "policies to compare with full KV ('all': every evicting policy); name(param=value,...) sets parameters")
       .add("budgets", "0.3,0.5,0.7", "KV budgets: < 1 a ratio of each problem's full-KV length, >= 1 slots")
       .add("max-tokens", "1024", "maximum tokens generated per problem")
       .add("records", "", "also write one JSON line per (configuration, problem) to this file, as each job ends")

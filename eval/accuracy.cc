@@ -15,7 +15,6 @@ AccuracyRecord make_record(size_t problem, const Job& job, const JobResult& resu
                            const Tokenizer& tokenizer, Dataset dataset) {
   AccuracyRecord r;
   r.problem = problem;
-  r.policy = job.policy.name;
   r.budget_slots = job.policy.budget();
   r.generated_tokens = int64_t(result.tokens.size());
   r.peak_kv_bytes = result.peak_kv_bytes;
@@ -83,6 +82,7 @@ AccuracyReport run_accuracy(BatchRunner& runner, const std::vector<Problem>& pro
     runner.run(jobs, {}, [&](size_t j, const JobResult& result, size_t done, size_t total) {
       const auto [problem, config] = keys[j];
       AccuracyRecord r = make_record(problem, jobs[j], result, problems[problem], tokenizer, options.dataset);
+      r.policy = configs[config].first;  // the spec, which tells variants of one policy apart
       r.budget_ratio = configs[config].second;
       keep(std::move(r));
       if (print) print(j, result, done, total);

@@ -54,6 +54,7 @@ FidelityReport run_fidelity(BatchRunner& runner, const std::vector<std::vector<i
       c.budget_ratio = budget;
       c.budget_slots = budget_slots(budget, options.length);
       c.policy = grid_policy_config(name, c.budget_slots);
+      c.label = name;
       report.configs.push_back(c);
     }
   }
@@ -213,7 +214,7 @@ nlohmann::json fidelity_json(const FidelityReport& report, const std::string& mo
                              const FidelityOptions& options, size_t n_prompts, double wall_s) {
   nlohmann::json configs = nlohmann::json::array();
   for (const FidelityConfigResult& c : report.configs) {
-    configs.push_back({{"policy", c.policy.name},
+    configs.push_back({{"policy", c.label},
                        {"params", c.policy.to_json()},
                        {"budget_ratio", c.budget_ratio},
                        {"budget_slots", c.budget_slots},

@@ -23,6 +23,7 @@ struct FidelityOptions {
 
 struct FidelityConfigResult {
   PolicyConfig policy;         // as run (budget and window rule applied)
+  std::string label = "full";  // the --policies spec it came from ("h2o", "h2o(recent=32)")
   double budget_ratio = 1;     // as given; 1 for full
   int32_t budget_slots = 0;    // 0 for full
   int64_t positions = 0;       // compared positions over all prompts

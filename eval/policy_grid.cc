@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
-#include <sstream>
+#include <utility>
 
 #include "common/error.h"
 
@@ -12,7 +12,7 @@ namespace lazykv::eval {
 
 const char* const kParamRule =
     "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. "
-    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv `window`; caote `recent`) is min(catalog default, "
+    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv `window`; caote, obcache `recent`) is min(catalog default, "
     "max(1, budget / 4)), so "
     "that at least three quarters of the budget is chosen by the policy's score; streaming keeps its 4 sinks and "
     "h2o its half-budget recent window.";
@@ -22,31 +22,68 @@ int32_t budget_slots(double budget, int64_t base) {
   return int32_t(budget);
 }
 
-PolicyConfig grid_policy_config(const std::string& name, int32_t budget) {
-  if (name == "full") return make_policy_config(std::string("full"));
+namespace {
+
+// "name(a=1,b=2)" -> name and {a: 1, b: 2}; a plain name has no parameters.
+std::pair<std::string, std::map<std::string, std::string>> split_spec(const std::string& spec) {
+  const size_t open = spec.find('(');
+  if (open == std::string::npos) return {spec, {}};
+  const auto bad = [&](const std::string& why) {
+    return Error(ErrorCode::kInvalidArgument, "--policies: '" + spec + "': " + why);
+  };
+  if (spec.back() != ')') throw bad("expected name(param=value,...)");
+  std::map<std::string, std::string> params;
+  for (const std::string& item : split_list(spec.substr(open + 1, spec.size() - open - 2))) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) throw bad("'" + item + "' is not param=value");
+    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    if (key == "budget") throw bad("the budget comes from --budgets");
+    if (!params.emplace(key, value).second) throw bad("'" + key + "' given twice");
+  }
+  return {spec.substr(0, open), params};
+}
+
+}  // namespace
+
+PolicyConfig grid_policy_config(const std::string& spec, int32_t budget) {
+  const auto [name, given] = split_spec(spec);
+  if (name == "full") return make_policy_config(std::string("full"), given);
   std::map<std::string, std::string> params = {{"budget", std::to_string(budget)}};
   for (const PolicyInfo& info : policy_catalog()) {
     if (info.name != name) continue;
     for (const PolicyParam& p : info.params) {
-      if (p.name == "window" || (name == "caote" && p.name == "recent")) {
+      if (p.name == "window" || ((name == "caote" || name == "obcache") && p.name == "recent")) {
         params[p.name] = std::to_string(std::min(int32_t(p.default_value), std::max(1, budget / 4)));
       } else if (p.name == "sinks" && p.default_value >= budget) {
         params[p.name] = std::to_string(std::max(1, budget / 4));
       }
     }
   }
-  return make_policy_config(name, params);  // throws for an unknown name
+  for (const auto& [key, value] : given) params[key] = value;
+  return make_policy_config(name, params);  // throws for an unknown name or parameter
 }
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> items;
-  std::stringstream in(text);
   std::string item;
-  while (std::getline(in, item, ',')) {
+  int depth = 0;
+  const auto flush = [&] {
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     if (!item.empty()) items.push_back(item);
+    item.clear();
+  };
+  for (char c : text) {
+    depth += c == '(' ? 1 : c == ')' ? -1 : 0;
+    if (c == ',' && depth == 0) {
+      flush();
+    } else {
+      item += c;
+    }
   }
+  flush();
   return items;
 }
 
@@ -59,7 +96,9 @@ std::vector<std::string> parse_policies(const std::string& text) {
       }
       continue;
     }
-    make_policy_config(name);  // throws naming the valid policies
+    // Throws naming the valid policies, or the policy's parameters; the
+    // largest budget, so that only the spec's own values are judged.
+    grid_policy_config(name, int32_t(1) << 24);
     names.push_back(name);
   }
   if (names.empty()) throw Error(ErrorCode::kInvalidArgument, "--policies names no policy");

@@ -18,15 +18,19 @@ extern const char* const kParamRule;
 // max(8, round(value * base)); a value >= 1 is an absolute slot count.
 int32_t budget_slots(double budget, int64_t base);
 
-// The policy with this budget; window-like parameters (lazy/snapkv/rkv
-// "window", h2o "recent", streaming "sinks") keep their catalog defaults
-// unless that is not smaller than the budget, then max(1, budget / 4).
-// `full` ignores the budget.
-PolicyConfig grid_policy_config(const std::string& name, int32_t budget);
+// The policy of a spec, `name` or `name(param=value,...)` (the form
+// PolicyConfig::to_string prints), with this budget. Parameters the spec
+// leaves out follow kParamRule: window-like ones (lazy/snapkv/rkv "window",
+// caote/obcache "recent", streaming "sinks") keep their catalog defaults
+// unless that is too large for the budget. `full` ignores the budget; a spec
+// may not set `budget` (the grid does).
+PolicyConfig grid_policy_config(const std::string& spec, int32_t budget);
 
-// "a,b,c" -> {"a", "b", "c"} (empty items dropped).
+// "a,b(x=1,y=2),c" -> {"a", "b(x=1,y=2)", "c"}: commas inside parentheses
+// do not split; empty items are dropped.
 std::vector<std::string> split_list(const std::string& text);
-// Policy names, each checked against the catalog ("all" = every evicting policy).
+// Policy specs (see grid_policy_config), each checked against the catalog
+// ("all" = every evicting policy).
 std::vector<std::string> parse_policies(const std::string& text);
 // Budget values, each > 0 (ratios < 1, absolute slots >= 2 otherwise).
 std::vector<double> parse_budgets(const std::string& text);

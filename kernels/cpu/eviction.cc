@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/ops.h"
+
 namespace lazykv::cpu {
 
 void lazy_update(const uint8_t* hits, int32_t* last, int32_t* mri, int32_t n, int32_t t) {
@@ -46,6 +48,30 @@ void caote_scores(const float* p, const float* values, int32_t n, int head_dim, 
     for (int d = 0; d < head_dim; ++d) sq += (o[d] - v[d]) * (o[d] - v[d]);
     const float rest = 1.0f - p[s];
     out[s] = rest > 0.0f ? p[s] / rest * std::sqrt(sq) : INFINITY;
+  }
+}
+
+void obcache_accumulate(const float* logits, int32_t n_q, const float* values, int32_t n, int head_dim,
+                        float* probs, float* o, float* acc) {
+  for (int32_t r = 0; r < n_q; ++r) {
+    const float* z = logits + int64_t(r) * n;
+    std::copy(z, z + n, probs);
+    softmax_inplace(probs, n);  // a row that sees no slot becomes zeros
+    std::fill(o, o + head_dim, 0.0f);
+    for (int32_t s = 0; s < n; ++s) {
+      const float* v = values + int64_t(s) * head_dim;
+      for (int d = 0; d < head_dim; ++d) o[d] += probs[s] * v[d];
+    }
+    for (int32_t s = 0; s < n; ++s) {
+      if (probs[s] == 0.0f) continue;  // masked or underflowed: no change (and no 0 * inf)
+      const float* v = values + int64_t(s) * head_dim;
+      float sq = 0.0f;
+      for (int d = 0; d < head_dim; ++d) {
+        const float delta = (1.0f + z[s]) * v[d] - z[s] * o[d];
+        sq += delta * delta;
+      }
+      acc[s] += probs[s] * probs[s] * sq;
+    }
   }
 }
 

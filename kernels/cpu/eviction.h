@@ -32,6 +32,17 @@ void top_k_slots(const float* scores, int32_t n, int32_t k, int32_t* keep, int32
 // p, out: [n]; values: [n][head_dim]; o: scratch [head_dim], left holding o.
 void caote_scores(const float* p, const float* values, int32_t n, int head_dim, float* o, float* out);
 
+// OBCache (arXiv:2510.07651), joint key-value score: how far pruning slot s
+// (its value to zero, its key to zero, that is its logit z to 0) moves a
+// query's attention output, to first order: the value term is -p v, the key
+// term -z dp/dz = -z p (v - o), so the squared change is
+// p^2 * |(1 + z) v - z o|^2, with p = softmax(z) and o = sum_s p v. Adds it to
+// acc[s] for every query row; slots a row masks (z = -inf) get nothing.
+// logits: [n_q][n] scaled, as attention_logits writes them; values:
+// [n][head_dim]; acc: [n]; probs: scratch [n]; o: scratch [head_dim].
+void obcache_accumulate(const float* logits, int32_t n_q, const float* values, int32_t n, int head_dim,
+                        float* probs, float* o, float* acc);
+
 // Same-length 1-D pooling over a window of `kernel` (odd) slots centred on
 // each slot; the window is cut at the ends (padding never counts).
 // x, y: [n], must not alias.

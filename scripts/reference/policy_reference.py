@@ -52,6 +52,7 @@ DEFAULTS = {
     "rkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1},
     "raas": {"budget": 512, "alpha": 1e-4},
     "caote": {"budget": 512, "recent": 32},
+    "obcache": {"budget": 512, "recent": 32, "accumulate": 1},
 }
 
 
@@ -118,9 +119,10 @@ class Head:
         self.last = []    # lazy last / raas timestamp
         self.mri = []
         self.attn = []    # h2o / tova / caote
+        self.score = []   # obcache
 
     def keep(self, idx):
-        for name in ("pos", "keys", "last", "mri", "attn"):
+        for name in ("pos", "keys", "last", "mri", "attn", "score"):
             arr = getattr(self, name)
             if arr:
                 setattr(self, name, [arr[i] for i in idx])
@@ -163,7 +165,11 @@ class Replay:
 
     def remember(self, h, pos, q):
         w = self.p.get("window", 0)
-        if self.name not in ("snapkv", "rkv"):
+        if self.name == "obcache":
+            # The scored prompt queries: the last max(recent, 1), or the last
+            # one alone when not accumulating; decode needs only the newest.
+            w = max(self.p["recent"], 1) if self.p["accumulate"] else 1
+        elif self.name not in ("snapkv", "rkv"):
             return
         self.queries[h].append((pos, np.asarray(q, dtype=F32)))
         self.queries[h] = sorted(self.queries[h], key=lambda e: e[0])[-w:]
@@ -202,6 +208,8 @@ class Replay:
                     q = np.asarray(tr["prompt_queries"][h][p], dtype=np.float64).astype(F32)
                     if self.name in ("snapkv", "rkv") and p >= self.P - self.p["window"]:
                         self.remember(h, p, q)
+                    if self.name == "obcache":
+                        self.remember(h, p, q)
                     if self.name == "h2o" or (self.name in ("tova", "caote") and p == self.P - 1):
                         pr = self.probs(h, q, p)
                         hd = self.heads[h]
@@ -221,6 +229,8 @@ class Replay:
             hd.last.append(step)
         elif self.name in ("h2o", "tova", "caote"):
             hd.attn.append(F32(0))
+        elif self.name == "obcache":
+            hd.score.append(F32(0))
 
     def decode(self, i, step):
         self.t = i + 1
@@ -311,6 +321,37 @@ class Replay:
             for hd in self.heads:
                 hd.attn = [F32(0)] * len(hd.pos)
             return
+        if name == "obcache":
+            # OBCache's joint score: for each scored query, with z its scaled
+            # logits (causal mask at its position), p = softmax(z) and
+            # o = sum p v, every slot gains p^2 |(1 + z) v - z o|^2 (the
+            # first-order output change of zeroing its key and value). At
+            # prefill the remembered prompt queries score; at decode the
+            # current one. accumulate 0 restarts the sums every pass. Then the
+            # R newest stay and the top C - R of the others by score.
+            C, R = p["budget"], p["recent"]
+            if t == 0 and not prompt_completed:
+                return
+            for h, hd in enumerate(self.heads):
+                if not p["accumulate"]:
+                    hd.score = [F32(0)] * len(hd.pos)
+                values = np.array(hd.keys, dtype=F32)
+                scored = self.queries[h] if t == 0 else self.queries[h][-1:]
+                acc = np.array(hd.score, dtype=F32)
+                for pos, q in scored:
+                    z = ((values @ q.astype(F32)).astype(F32) * self.scale).astype(F32)
+                    mask = np.array(hd.pos) <= pos
+                    pr = np.zeros(len(hd.pos), dtype=F32)
+                    pr[mask] = softmax_f32(z[mask])
+                    o = (pr[:, None] * values).sum(axis=0, dtype=F32)
+                    zz = np.where(mask, z, F32(0)).astype(F32)
+                    delta = ((F32(1) + zz)[:, None] * values - zz[:, None] * o[None, :]).astype(F32)
+                    acc = (acc + (pr * pr * (delta * delta).sum(axis=1, dtype=F32)).astype(F32)).astype(F32)
+                hd.score = list(acc)
+                n = len(hd.pos)
+                if n > C:
+                    hd.keep(self.keep_top(np.array(hd.score, dtype=F32), n - R, n, C - R, f"obcache t={t}"))
+            return
         if name in ("snapkv", "rkv"):
             C, W, K, period = p["budget"], p["window"], p["kernel"], p["period"]
             due = prompt_completed or (t >= 1 and period > 0 and t % period == 0)
@@ -390,6 +431,8 @@ class Replay:
             return {"timestamp": list(map(int, hd.last))}
         if self.name in ("h2o", "tova", "caote"):
             return {"attn": [float(a) for a in hd.attn]}
+        if self.name == "obcache":
+            return {"score": [float(a) for a in hd.score]}
         return {}
 
     def run(self):
@@ -573,6 +616,13 @@ def cases():
     add("caote_random1", generate(900, {"name": "caote", "budget": 12, "recent": 3}, 8, 60), 10)
     # recent 0: the paper's criterion alone (the newest token competes too).
     add("caote_prefill", generate(910, {"name": "caote", "budget": 10, "recent": 0}, 12, 50, prompt_queries=True), 10)
+
+    add("obcache_random1", generate(1000, {"name": "obcache", "budget": 12, "recent": 3}, 8, 60), 10)
+    add("obcache_prefill", generate(1010, {"name": "obcache", "budget": 10, "recent": 4}, 12, 50,
+                                    prompt_queries=True), 10)
+    # The TOVA base: the current query alone, no recent window.
+    add("obcache_current", generate(1020, {"name": "obcache", "budget": 10, "recent": 0, "accumulate": 0}, 12, 50,
+                                    prompt_queries=True), 10)
     return out
 
 

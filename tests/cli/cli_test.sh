@@ -78,6 +78,9 @@ else
 fi
 expect_exit 0 "help" "$lazykv" generate --help
 expect_in "$tmp/out" "--max-tokens" "help lists flags"
+expect_in "$tmp/out" "KV eviction policy: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas, caote, obcache" \
+  "help lists every policy of the catalog"
+expect_in "$tmp/out" "snapkv, rkv: observation window" "a shared policy flag says what each policy means by it"
 
 # lazykv eval: a tiny accuracy run on the GSM8K fixtures and a tiny fidelity
 # run; both write JSON with the documented fields and a PNG plot.
@@ -162,8 +165,14 @@ expect_exit 0 "generate with caote" "$lazykv" generate --model "$model" --chat -
 expect_in "$tmp/err" "kv policy caote(budget=48,recent=8)" "caote policy summary"
 expect_exit 2 "caote recent not below budget" "$lazykv" generate --model "$model" --prompt hi --kv-policy caote --kv-budget 16
 expect_in "$tmp/err" "recent (32) must be smaller than budget (16)" "caote recent rule explained"
+expect_exit 0 "generate with obcache" "$lazykv" generate --model "$model" --chat --prompt "Count from 1 to 30." \
+  --max-tokens 80 --kv-policy obcache --kv-budget 48 --kv-recent 8 --kv-accumulate 0
+expect_in "$tmp/err" "kv policy obcache(accumulate=0,budget=48,recent=8)" "obcache policy summary"
+expect_exit 2 "obcache accumulate out of range" "$lazykv" generate --model "$model" --prompt hi --kv-policy obcache \
+  --kv-budget 64 --kv-accumulate 2
+expect_in "$tmp/err" "accumulate" "obcache accumulate range named"
 expect_exit 2 "unknown policy" "$lazykv" generate --model "$model" --prompt hi --kv-policy bogus
-expect_in "$tmp/err" "valid policies: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas, caote" "unknown policy lists the valid ones"
+expect_in "$tmp/err" "valid policies: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas, caote, obcache" "unknown policy lists the valid ones"
 expect_exit 2 "parameter the policy lacks" "$lazykv" generate --model "$model" --prompt hi --kv-policy streaming --kv-window 8
 expect_in "$tmp/err" "policy streaming has no parameter 'window'" "parameter the policy lacks is named"
 expect_exit 2 "window not below budget" "$lazykv" generate --model "$model" --prompt hi --kv-policy lazy --kv-budget 8 --kv-window 8

@@ -17,5 +17,6 @@ std::unique_ptr<EvictionPolicy> make_snapkv_policy(const PolicyConfig& config, c
 std::unique_ptr<EvictionPolicy> make_rkv_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_raas_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_caote_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_obcache_policy(const PolicyConfig& config, const PolicyShape& shape);
 
 }  // namespace lazykv

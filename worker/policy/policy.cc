@@ -65,6 +65,7 @@ void EvictionPolicy::begin_step(int32_t start_pos, int32_t n_new) {
       h.mri.resize(n);
     }
     if (needs_.attn_sum) h.attn.resize(n, 0.0f);
+    if (needs_.slot_score) h.score.resize(n, 0.0f);
     if (needs_.hits) h.hits.resize(n, 0);
     init_slots(h, first, n_new, start_pos);
     h.n = int32_t(n);
@@ -135,6 +136,7 @@ void EvictionPolicy::end_step(int layer, KvCache& cache, SeqId seq) {
     shrink(hd.last);
     shrink(hd.mri);
     shrink(hd.attn);
+    shrink(hd.score);
     shrink(hd.hits);
     const int32_t dropped = hd.n - int32_t(k.size());
     hd.n = int32_t(k.size());
@@ -170,6 +172,7 @@ bool EvictionPolicy::append_slots(int layer, int h, KvCache& cache, SeqId seq, s
     hd.mri.insert(hd.mri.end(), mri.begin(), mri.end());
   }
   if (needs_.attn_sum) hd.attn.resize(n, 0.0f);
+  if (needs_.slot_score) hd.score.resize(n, 0.0f);
   if (needs_.hits) hd.hits.resize(n, 0);
   hd.n = int32_t(n);
   point_stats(hd);
@@ -216,6 +219,7 @@ nlohmann::json EvictionPolicy::slot_state(int layer, int h) const {
     j["mri"] = hd.mri;
   }
   if (needs_.attn_sum) j["attn"] = hd.attn;
+  if (needs_.slot_score) j["score"] = hd.score;
   return j;
 }
 
@@ -231,6 +235,7 @@ std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const Po
   if (n == "rkv") return make_rkv_policy(config, shape);
   if (n == "raas") return make_raas_policy(config, shape);
   if (n == "caote") return make_caote_policy(config, shape);
+  if (n == "obcache") return make_obcache_policy(config, shape);
   throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + n + "'");
 }
 

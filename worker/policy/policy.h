@@ -103,6 +103,7 @@ class EvictionPolicy {
     int32_t n = 0;
     std::vector<int32_t> last, mri;
     std::vector<float> attn;
+    std::vector<float> score;            // the policy's own accumulated score (Needs::slot_score)
     std::vector<uint8_t> hits;
     std::vector<float> queries;          // ring [keep_queries][queries_per_head][head_dim]
     std::vector<int32_t> query_pos;      // ring [keep_queries]: position of each kept query
@@ -117,6 +118,7 @@ class EvictionPolicy {
     bool attn_prefill = false;     // ... for prompt tokens too (else decode only)
     bool attn_last_prompt = false; // ... for the last prompt token only
     bool last_mri = false;         // keep Head::last / Head::mri per slot
+    bool slot_score = false;       // keep Head::score per slot (zero for new slots)
     int32_t keep_queries = 0;      // remember the last queries (ring)
   };
 

@@ -33,9 +33,7 @@ const PolicyInfo& find_policy(const std::string& name) {
   for (const PolicyInfo& p : policy_catalog()) {
     if (p.name == name) return p;
   }
-  std::ostringstream valid;
-  for (const PolicyInfo& p : policy_catalog()) valid << (&p == &policy_catalog().front() ? "" : ", ") << p.name;
-  throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + name + "'; valid policies: " + valid.str());
+  throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + name + "'; valid policies: " + policy_names());
 }
 
 std::string param_list(const PolicyInfo& info) {
@@ -62,7 +60,7 @@ void check_cross_rules(const PolicyConfig& c) {
     require_below_budget("window");
   }
   if (c.name == "streaming") require_below_budget("sinks");
-  if (c.name == "h2o" || c.name == "caote") require_below_budget("recent");
+  if (c.name == "h2o" || c.name == "caote" || c.name == "obcache") require_below_budget("recent");
 }
 
 }  // namespace
@@ -111,8 +109,20 @@ const std::vector<PolicyInfo>& policy_catalog() {
       {"caote",
        "CAOTE: per KV head, a recent window plus the slots whose eviction would move the current attention output most",
        {budget_param(), {"recent", 32, 0, kMaxSlots, true, "recent slots always kept (0: none, the paper's criterion alone)"}}},
+      {"obcache",
+       "OBCache: per KV head, a recent window plus the slots whose pruning moves the attention outputs most, "
+       "accumulated over queries",
+       {budget_param(),
+        {"recent", 32, 0, kMaxSlots, true, "recent slots always kept; also the prompt queries scored (0: none kept, last query scored)"},
+        {"accumulate", 1, 0, 1, true, "1: sum over every query, as H2O; 0: the current query only, as TOVA"}}},
   };
   return catalog;
+}
+
+std::string policy_names() {
+  std::string names;
+  for (const PolicyInfo& p : policy_catalog()) names += (names.empty() ? "" : ", ") + p.name;
+  return names;
 }
 
 double PolicyConfig::get(const std::string& param) const {

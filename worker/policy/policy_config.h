@@ -29,6 +29,8 @@ struct PolicyInfo {
 
 // Every policy lazykv offers, in documentation order.
 const std::vector<PolicyInfo>& policy_catalog();
+// The catalog's names, comma-separated: "full, lazy, ...".
+std::string policy_names();
 
 struct PolicyConfig {
   std::string name = "full";

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -157,10 +158,10 @@ TEST_F(BatchRunnerTest, FullAgainstFullIsPerfectFidelity) {
   FidelityOptions options;
   options.length = 24;
   options.speed_steps = 8;
-  options.policies = {"lazy", "streaming"};
+  options.policies = {"lazy", "streaming", "streaming(sinks=1)"};
   options.budgets = {1000, 0.25};  // 1000 slots: more than the whole sequence, nothing is evicted
   const FidelityReport report = run_fidelity(r, {prompt(0), prompt(3)}, options);
-  ASSERT_EQ(report.configs.size(), 5u);
+  ASSERT_EQ(report.configs.size(), 7u);
   ASSERT_EQ(report.continuations.size(), 2u);
   EXPECT_EQ(report.continuations[0].size(), 24u);
   const FidelityConfigResult& full = report.configs[0];
@@ -182,9 +183,16 @@ TEST_F(BatchRunnerTest, FullAgainstFullIsPerfectFidelity) {
   EXPECT_EQ(tight.policy.get_int("window"), 2);
   EXPECT_LT(tight.peak_kv_bytes, tight.full_peak_kv_bytes);
   EXPECT_GE(tight.mean_kl(), 0.0);
+  // A variant of a policy is its own configuration, labelled by its spec.
+  EXPECT_EQ(report.configs[3].policy.get_int("sinks"), 4);
+  EXPECT_EQ(report.configs[5].policy.get_int("sinks"), 1);
+  EXPECT_EQ(report.configs[5].policy.name, "streaming");
   const nlohmann::json j = fidelity_json(report, "tiny", options, 2, 1.5);
-  EXPECT_EQ(j["configs"].size(), 5u);
+  EXPECT_EQ(j["configs"].size(), 7u);
   EXPECT_EQ(j["configs"][0]["top1_agreement"], 1.0);
+  EXPECT_EQ(j["configs"][3]["policy"], "streaming");
+  EXPECT_EQ(j["configs"][5]["policy"], "streaming(sinks=1)");
+  EXPECT_EQ(j["configs"][5]["params"]["sinks"], 1);
   EXPECT_TRUE(j.contains("param_rule"));
 }
 
@@ -193,20 +201,21 @@ TEST_F(BatchRunnerTest, AccuracyReportsEveryConfiguration) {
   const std::vector<Problem> problems = {{"a", "q", "7"}, {"b", "q", "8"}, {"c", "q", "9"}};
   AccuracyOptions options;
   options.dataset = Dataset::kGsm8k;
-  options.policies = {"lazy", "tova"};
+  options.policies = {"lazy", "tova", "lazy(window=2)"};
   options.budgets = {0.5, 0.7};
   options.max_tokens = 12;
   const AccuracyReport report = run_accuracy(r, problems, {prompt(0), prompt(1), prompt(2)}, options);
-  ASSERT_EQ(report.rows.size(), 5u);
+  ASSERT_EQ(report.rows.size(), 7u);
   EXPECT_EQ(report.rows[0].policy, "full");
   EXPECT_EQ(report.rows[3].policy, "tova");
   EXPECT_EQ(report.rows[3].budget_ratio, 0.5);
+  EXPECT_EQ(report.rows[6].policy, "lazy(window=2)");  // a variant is its own row
   for (const AccuracyRow& row : report.rows) {
     EXPECT_EQ(row.n, 3);
     EXPECT_GT(row.mean_generated_tokens, 0);
     EXPECT_GT(row.max_peak_kv_bytes, 0);
   }
-  EXPECT_EQ(report.records.size(), 15u);
+  EXPECT_EQ(report.records.size(), 21u);
   // Budgets follow each problem's full length: max(8, round(0.5 * total)).
   for (const AccuracyRecord& rec : report.records) {
     if (rec.policy != "lazy" || rec.budget_ratio != 0.5) continue;
@@ -285,11 +294,46 @@ TEST(PolicyGridTest, BudgetsAndWindowRule) {
   EXPECT_EQ(grid_policy_config("tova", 10).budget(), 10);
   EXPECT_EQ(grid_policy_config("caote", 1000).get_int("recent"), 32);  // the default fits
   EXPECT_EQ(grid_policy_config("caote", 40).get_int("recent"), 10);
-  EXPECT_EQ(parse_policies("all").size(), 9u);
+  EXPECT_EQ(grid_policy_config("obcache", 40).get_int("recent"), 10);
+  EXPECT_EQ(grid_policy_config("obcache", 40).get_int("accumulate"), 1);
+  EXPECT_EQ(parse_policies("all").size(), 10u);
   EXPECT_THROW(parse_policies("lazy,bogus"), std::exception);
   EXPECT_EQ(parse_budgets("0.1, 0.5,64"), (std::vector<double>{0.1, 0.5, 64}));
   EXPECT_THROW(parse_budgets("0"), std::exception);
   EXPECT_THROW(parse_budgets("abc"), std::exception);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PolicyGridTest, SpecsSetParametersTheRuleWouldChoose) {
+  // Given values win over the window rule; the rest still follows it.
+  const PolicyConfig h2o = grid_policy_config("h2o(recent=32)", 205);
+  EXPECT_EQ(h2o.get_int("recent"), 32);
+  EXPECT_EQ(h2o.budget(), 205);
+  const PolicyConfig ob = grid_policy_config("obcache( accumulate = 0 )", 40);
+  EXPECT_EQ(ob.get_int("accumulate"), 0);
+  EXPECT_EQ(ob.get_int("recent"), 10);
+  EXPECT_EQ(grid_policy_config("lazy(alpha=0.001,window=16)", 100).get("alpha"), 0.001);
+  EXPECT_EQ(split_list("lazy, h2o(recent=32,x=1) ,tova,"), (std::vector<std::string>{"lazy", "h2o(recent=32,x=1)", "tova"}));
+  EXPECT_EQ(parse_policies("h2o(recent=32),obcache(accumulate=0),h2o"),
+            (std::vector<std::string>{"h2o(recent=32)", "obcache(accumulate=0)", "h2o"}));
+}
+
+TEST(PolicyGridTest, BadSpecsSayWhatIsWrong) {
+  EXPECT_NE(error_of([] { parse_policies("h2o(budget=64)"); }).find("the budget comes from --budgets"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_policies("h2o(recent)"); }).find("'recent' is not param=value"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_policies("h2o(recent=1,recent=2)"); }).find("given twice"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_policies("h2o(recent=1"); }).find("expected name(param=value,...)"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_policies("h2o(window=8)"); }).find("no parameter 'window'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_policies("obcache(accumulate=3)"); }).find("accumulate"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_policies("bogus(x=1)"); }).find("valid policies"), std::string::npos);
 }
 
 }  // namespace

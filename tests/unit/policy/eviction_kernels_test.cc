@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace lazykv::cpu {
@@ -193,6 +194,65 @@ TEST(CaoteScores, ASlotHoldingAllTheAttentionCannotBeDropped) {
   caote_scores(p.data(), v.data(), 2, 1, o.data(), out.data());
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_TRUE(std::isinf(out[1]));
+}
+
+TEST(ObcacheAccumulate, HandComputed) {
+  // One query, D = 1: z = (0, ln 3) gives p = (1/4, 3/4); v = (2, 1), so o = 5/4.
+  const float z1 = std::log(3.0f);
+  const std::vector<float> z = {0.0f, z1};
+  const std::vector<float> v = {2.0f, 1.0f};
+  std::vector<float> probs(2), o(1), acc = {10.0f, 0.0f};
+  obcache_accumulate(z.data(), 1, v.data(), 2, 1, probs.data(), o.data(), acc.data());
+  EXPECT_FLOAT_EQ(o[0], 1.25f);
+  EXPECT_FLOAT_EQ(acc[0], 10.0f + 0.0625f * 4.0f);  // z = 0: the value term alone, (p v)^2
+  const float delta = (1.0f + z1) * 1.0f - z1 * 1.25f;
+  EXPECT_NEAR(acc[1], 0.5625f * delta * delta, 1e-6);
+}
+
+TEST(ObcacheAccumulate, IsTheSquaredRateAtWhichShrinkingTheSlotMovesTheOutput) {
+  // The definition: scale slot s's value and logit by (1 - e) (e = 1 prunes
+  // both); the score is |d output / d e|^2 at e = 0, summed over the queries.
+  const int32_t n = 6;
+  const int D = 4;
+  const int32_t rows = 2;
+  std::vector<float> z(size_t(rows) * n), v(size_t(n) * D);
+  for (size_t i = 0; i < z.size(); ++i) z[i] = 1.5f * std::sin(1.3f * float(i) + 0.4f);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.9f * float(i)) * 2.0f;
+  const auto output = [&](int32_t r, int32_t s, double e, int d) {
+    double total = 0, sum = 0;
+    for (int32_t j = 0; j < n; ++j) {
+      const double w = std::exp(double(z[size_t(r) * n + j]) * (j == s ? 1.0 - e : 1.0));
+      total += w;
+      sum += w * double(v[size_t(j) * D + d]) * (j == s ? 1.0 - e : 1.0);
+    }
+    return sum / total;
+  };
+  std::vector<float> probs(n), o(D), acc(n, 0.5f);
+  obcache_accumulate(z.data(), rows, v.data(), n, D, probs.data(), o.data(), acc.data());
+  const double e = 1e-4;
+  for (int32_t s = 0; s < n; ++s) {
+    double want = 0.5;
+    for (int32_t r = 0; r < rows; ++r) {
+      for (int d = 0; d < D; ++d) {
+        const double rate = (output(r, s, e, d) - output(r, s, -e, d)) / (2 * e);
+        want += rate * rate;
+      }
+    }
+    EXPECT_NEAR(acc[size_t(s)], want, 1e-4 * want) << "slot " << s;
+  }
+}
+
+TEST(ObcacheAccumulate, MaskedSlotsAndRowsAddNothing) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // Row 0 sees slots 0 and 1 only; row 1 sees nothing.
+  const std::vector<float> z = {0.5f, -0.5f, -inf, -inf, -inf, -inf};
+  const std::vector<float> v = {1.0f, -1.0f, 7.0f};
+  std::vector<float> probs(3), o(1), acc = {0.0f, 0.0f, 3.0f};
+  obcache_accumulate(z.data(), 2, v.data(), 3, 1, probs.data(), o.data(), acc.data());
+  EXPECT_GT(acc[0], 0.0f);
+  EXPECT_GT(acc[1], 0.0f);
+  EXPECT_EQ(acc[2], 3.0f);
+  EXPECT_TRUE(std::isfinite(acc[0]) && std::isfinite(acc[1]));
 }
 
 }  // namespace

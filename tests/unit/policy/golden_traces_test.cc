@@ -1,7 +1,7 @@
 // Every golden trace in tests/data/policy (written by the independent numpy
 // reference, scripts/reference/policy_reference.py) replayed through the C++
 // policies: kept positions and integer state must match exactly, float state
-// (h2o/tova/caote attention sums) within 1e-4 relative.
+// (h2o/tova/caote attention sums, obcache scores) within 1e-4 relative.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,7 +62,7 @@ TEST(GoldenTraces, DirectoryHoldsTraces) {
   ASSERT_FALSE(files.empty()) << "no golden traces in " << LAZYKV_TEST_DATA_DIR
                               << "/policy; run scripts/reference/policy_reference.py";
   // Every policy has golden traces.
-  for (const char* policy : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote"}) {
+  for (const char* policy : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache"}) {
     EXPECT_TRUE(std::any_of(files.begin(), files.end(),
                             [&](const fs::path& p) { return p.filename().string().rfind(std::string(policy) + "_", 0) == 0; }))
         << "no golden trace for " << policy;

@@ -34,7 +34,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 TEST(PolicyCatalog, ListsEveryPolicyInOrder) {
   std::vector<std::string> names;
   for (const PolicyInfo& p : policy_catalog()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache"}));
   for (const PolicyInfo& p : policy_catalog()) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     for (const PolicyParam& param : p.params) {
@@ -48,7 +48,7 @@ TEST(PolicyCatalog, ListsEveryPolicyInOrder) {
 TEST(PolicyConfig, UnknownPolicyListsValidOnes) {
   const std::string msg = config_error("lru");
   EXPECT_TRUE(contains(msg, "'lru'")) << msg;
-  for (const char* name : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote"}) {
+  for (const char* name : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache"}) {
     EXPECT_TRUE(contains(msg, name)) << msg;
   }
   EXPECT_NE(config_error("LAZY"), "");  // names are case-sensitive

@@ -103,6 +103,8 @@ TEST(PolicyForward, NoEvictionWithinBudgetIsBitIdentical) {
       config("rkv", {{"budget", "128"}, {"period", "4"}}),
       config("raas", {{"budget", "128"}, {"alpha", "0.01"}}),
       config("caote", {{"budget", "128"}}),
+      config("obcache", {{"budget", "128"}}),
+      config("obcache", {{"budget", "128"}, {"accumulate", "0"}}),
   };
   Session plain(m, nullptr, kPrompt);
   std::vector<std::vector<float>> expected = {plain.logits};
@@ -126,9 +128,9 @@ struct EvictingCase {
   PolicyConfig config;
   int32_t peak_per_head;                       // documented peak in slots per cache head
   std::function<bool(int32_t t)> compacts_at;  // decode steps at which the cache is brought to budget
-  // TOVA, and CAOTE without a recent window, rank the newest token with the
-  // others (its attention to itself is its score), as their papers do, so
-  // they may evict it; the others protect it.
+  // TOVA, and CAOTE and OBCache without a recent window, rank the newest
+  // token with the others (its attention to itself is its score), as their
+  // papers do, so they may evict it; the others protect it.
   bool keeps_newest = true;
 };
 
@@ -150,6 +152,9 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
       {config("raas", {{"budget", "16"}, {"alpha", "0.02"}}), C + 1, [](int32_t) { return true; }},
       {config("caote", {{"budget", "16"}, {"recent", "4"}}), C + 1, [](int32_t) { return true; }},
       {config("caote", {{"budget", "16"}, {"recent", "0"}}), C + 1, [](int32_t) { return true; }, false},
+      {config("obcache", {{"budget", "16"}, {"recent", "4"}}), C + 1, [](int32_t) { return true; }},
+      {config("obcache", {{"budget", "16"}, {"recent", "0"}, {"accumulate", "0"}}), C + 1, [](int32_t) { return true; },
+       false},
   };
   const ModelConfig& mc = m.config();
   for (const EvictingCase& ec : cases) {
