@@ -26,6 +26,7 @@ packages=(
   libucx-dev librocksdb-dev libxxhash-dev  # the kvstore: UCX transport, NVMe tier, block checksums
   libgloo-dev               # tensor-parallel workers: the CPU all-reduce
   curl prometheus           # end-to-end tests: a real HTTP client, promtool and a real scrape
+  iproute2                  # the Helm chart's pods, each in a network namespace of its own
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,173 @@
+{{/* Names: <release>-lazykv (or the release name when it already says lazykv), cut to 63. */}}
+{{- define "lazykv.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "lazykv.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "worker"). */}}
+{{- define "lazykv.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "lazykv.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Values that cannot work fail the install here, saying why. */}}
+{{- define "lazykv.validate" -}}
+{{- if not (has .Values.mode (list "serve" "distributed")) -}}
+{{- fail (printf "mode must be serve or distributed, not %q" (toString .Values.mode)) -}}
+{{- end -}}
+{{- $tp := .Values.worker.tensorParallel -}}
+{{- $world := $tp.world -}}
+{{- if not (or (kindIs "float64" $world) (kindIs "int64" $world) (kindIs "int" $world)) -}}
+{{- fail (printf "worker.tensorParallel.world must be a whole number >= 1, not %v" $world) -}}
+{{- else if or (lt (float64 $world) 1.0) (ne (float64 $world) (float64 (int $world))) -}}
+{{- fail (printf "worker.tensorParallel.world must be a whole number >= 1, not %v" $world) -}}
+{{- end -}}
+{{- if not (has $tp.collective (list "gloo" "nccl")) -}}
+{{- fail (printf "worker.tensorParallel.collective must be gloo or nccl, not %q" (toString $tp.collective)) -}}
+{{- end -}}
+{{- if and (eq $tp.collective "nccl") (lt (int .Values.worker.gpusPerRank) 1) -}}
+{{- fail "worker.tensorParallel.collective nccl needs a GPU per rank: set worker.gpusPerRank to 1" -}}
+{{- end -}}
+{{- if and (eq .Values.mode "serve") (gt (int $tp.world) 1) -}}
+{{- fail "worker.tensorParallel.world > 1 needs mode: distributed (serve runs one process)" -}}
+{{- end -}}
+{{- if and (ne (toString .Values.model) "default") (not .Values.modelVolume) -}}
+{{- fail (printf "model %q is a path: mount the volume that holds it with modelVolume (at /models)" (toString .Values.model)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The model (and its volume) for containers that load it. */}}
+{{- define "lazykv.modelEnv" -}}
+- name: LAZYKV_MODEL
+  value: {{ .Values.model | toString | quote }}
+{{- end -}}
+
+{{- define "lazykv.modelVolumeMount" -}}
+{{- if .Values.modelVolume }}
+volumeMounts:
+  - name: models
+    mountPath: /models
+    readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "lazykv.modelVolume" -}}
+{{- if .Values.modelVolume }}
+volumes:
+  - name: models
+    {{- toYaml .Values.modelVolume | nindent 4 }}
+{{- end }}
+{{- end -}}
+
+{{/* The server's default KV policy: LAZYKV_KV_POLICY and LAZYKV_KV_<PARAM>. */}}
+{{- define "lazykv.policyEnv" -}}
+- name: LAZYKV_KV_POLICY
+  value: {{ .Values.kvPolicy.name | quote }}
+{{- range $param, $value := .Values.kvPolicy.params }}
+- name: {{ printf "LAZYKV_KV_%s" (upper $param) }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The API of serve or the coordinator. */}}
+{{- define "lazykv.apiEnv" -}}
+- name: LAZYKV_PORT
+  value: {{ .Values.api.port | toString | quote }}
+- name: LAZYKV_GRPC_PORT
+  value: {{ .Values.api.grpcPort | toString | quote }}
+- name: LAZYKV_DRAIN_SECONDS
+  value: {{ .Values.api.drainSeconds | toString | quote }}
+{{- if .Values.api.apiKeySecret }}
+- name: LAZYKV_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.api.apiKeySecret }}
+      key: api-key
+{{- end }}
+{{- end -}}
+
+{{- define "lazykv.extraEnv" -}}
+{{- range $name, $value := .Values.extraEnv }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* HOST:PORT of the kvstore's control plane, for serve or the workers. */}}
+{{- define "lazykv.kvstoreAddress" -}}
+{{ include "lazykv.fullname" . }}-kvstore:{{ .Values.kvstore.port }}
+{{- end -}}
+
+{{/* Ports, probes and annotations of the pod that serves the API. */}}
+{{- define "lazykv.apiPorts" -}}
+ports:
+  - name: http
+    containerPort: {{ .Values.api.port }}
+{{- if ge (int .Values.api.grpcPort) 0 }}
+  - name: grpc
+    containerPort: {{ .Values.api.grpcPort }}
+{{- end }}
+readinessProbe:
+  httpGet:
+    path: /ready
+    port: http
+  periodSeconds: 5
+livenessProbe:
+  httpGet:
+    path: /health
+    port: http
+  periodSeconds: 10
+  failureThreshold: 6
+startupProbe:
+  httpGet:
+    path: /health
+    port: http
+  periodSeconds: 5
+  failureThreshold: 120
+{{- end -}}
+
+{{- define "lazykv.scrapeAnnotations" -}}
+{{- if .root.Values.metrics.scrapeAnnotations }}
+annotations:
+  prometheus.io/scrape: "true"
+  prometheus.io/port: {{ .port | toString | quote }}
+  prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}
+
+{{- define "lazykv.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

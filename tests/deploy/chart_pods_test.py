@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""The Helm chart's distributed deployment, run: the pods of `helm template`
+(a coordinator, two worker ranks, a kvstore) each started as a lazykv process
+in a network namespace of its own, with its own address on a shared bridge,
+and with exactly its container's args and environment as Kubernetes would
+give them: fieldRef status.podIP and the StatefulSet pod-index label,
+$(VAR) expansion, the image's ENV. The Services' and pods' DNS names go into
+each namespace's hosts file (`ip netns exec` mounts /etc/netns/NAME/hosts).
+
+Then, from outside every namespace, as a client of the API Service:
+  - the coordinator becomes ready and answers a greedy chat completion;
+  - a lazy+tiers request demotes through the kvstore pod (its /metrics
+    counts puts), so the UCX data plane crosses namespaces;
+  - rank 1 killed and started again with the same pod spec: the coordinator
+    re-forms the group and serves again;
+  - SIGTERM drains the coordinator, which exits 0.
+
+What this does not cover: the kubelet, probes, restarts, volumes, images.
+
+usage: chart_pods_test.py LAZYKV_BINARY   (as root, with LAZYKV_DEFAULT_MODEL;
+run with the end-to-end venv's python: helm and PyYAML)
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHART = os.path.join(HERE, "..", "..", "deploy", "helm", "lazykv")
+HELM = os.path.join(os.path.dirname(sys.executable), "helm")
+TAG = f"lk{os.getpid() % 100000}"  # prefix of every namespace and link of this run
+SUBNET = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+BRIDGE = f"{TAG}br"
+VALUES = {
+    "mode": "distributed", "worker.tensorParallel.world": 2, "kvstore.enabled": "true",
+    "threads": 1, "kvCacheMiB": 64, "kvstore.hostCapacityMiB": 64,
+}
+
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures += 1
+    return ok
+
+
+def run(*cmd):
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+class Pod:
+    def __init__(self, name, workload, ordinal, ip):
+        self.name, self.workload, self.ordinal, self.ip = name, workload, ordinal, ip
+        self.netns = ""
+        self.process = None
+        self.log = None
+
+    @property
+    def container(self):
+        return self.workload["spec"]["template"]["spec"]["containers"][0]
+
+    def environment(self, image_env):
+        """The container's environment as the kubelet builds it."""
+        env = dict(image_env)
+        for e in self.container.get("env", []):
+            if "value" in e:
+                # $(VAR) refers to variables defined before it in the list.
+                env[e["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                        lambda m: env.get(m.group(1), m.group(0)), e["value"])
+                continue
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            if path == "status.podIP":
+                env[e["name"]] = self.ip
+            elif path == "metadata.labels['apps.kubernetes.io/pod-index']":
+                env[e["name"]] = str(self.ordinal)
+            else:
+                raise RuntimeError(f"{self.name}: no emulation of {path}")
+        return env
+
+    def start(self, binary, image_env, work):
+        env = self.environment(image_env)
+        self.log = os.path.join(work, self.name + ".log")
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                ["ip", "netns", "exec", self.netns, "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+                 binary, *self.container["args"]], stdout=out, stderr=subprocess.STDOUT)
+
+
+def pods_of(objects):
+    """The pods the workloads would create: StatefulSet pods by ordinal, one per Deployment."""
+    pods = []
+    for w in objects:
+        if w["kind"] == "StatefulSet":
+            for i in range(w["spec"]["replicas"]):
+                pods.append(Pod(f"{w['metadata']['name']}-{i}", w, i, ""))
+        elif w["kind"] == "Deployment":
+            pods.append(Pod(w["metadata"]["name"] + "-pod", w, 0, ""))
+    for i, p in enumerate(pods):
+        p.ip = f"{SUBNET}.{10 + i}"
+        p.netns = f"{TAG}-{i}"
+    return pods
+
+
+def hosts_of(objects, pods):
+    """DNS names: a StatefulSet pod's <pod>.<serviceName>, a Service's name (its one pod)."""
+    names = {}
+    for p in pods:
+        if p.workload["kind"] == "StatefulSet":
+            names[f"{p.name}.{p.workload['spec']['serviceName']}"] = p.ip
+    for s in objects:
+        if s["kind"] != "Service" or s["spec"].get("clusterIP") == "None":
+            continue
+        sel = s["spec"]["selector"]
+        chosen = [p for p in pods
+                  if all(p.workload["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+        names[s["metadata"]["name"]] = chosen[0].ip
+    return names
+
+
+def http(url, body=None, timeout=60):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, response.read().decode()
+
+
+def wait_ready(url, seconds, process):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            if http(url + "/ready", timeout=2)[0] == 200:
+                return True
+        except Exception:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def metric(text, name):
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def main():
+    binary = os.path.abspath(sys.argv[1])
+    model = os.environ.get("LAZYKV_DEFAULT_MODEL", "")
+    if os.geteuid() != 0 or shutil.which("ip") is None or not model:
+        print("skipped: needs root, iproute2 and LAZYKV_DEFAULT_MODEL")
+        return 77
+    try:
+        run("ip", "netns", "add", f"{TAG}-probe")
+        run("ip", "netns", "del", f"{TAG}-probe")
+    except subprocess.CalledProcessError as e:
+        print(f"skipped: network namespaces are not available here: {e.stderr.decode().strip()}")
+        return 77
+
+    args = ["template", "t", CHART]
+    for k, v in VALUES.items():
+        args += ["--set", f"{k}={v}"]
+    objects = [o for o in yaml.safe_load_all(subprocess.run([HELM, *args], check=True, capture_output=True,
+                                                            text=True).stdout) if o]
+    pods = pods_of(objects)
+    hosts = hosts_of(objects, pods)
+    # The image's ENV (deploy/docker/Dockerfile): the model cache and every interface.
+    image_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp",
+                 "LAZYKV_CACHE_DIR": os.path.dirname(os.path.dirname(model)), "LAZYKV_HOST": "0.0.0.0"}
+    work = tempfile.mkdtemp(prefix="lazykv-chart-pods.")
+    try:
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+        run("ip", "link", "set", BRIDGE, "up")
+        for i, p in enumerate(pods):
+            host_end, pod_end = f"{TAG}h{i}", f"{TAG}p{i}"
+            run("ip", "netns", "add", p.netns)
+            run("ip", "link", "add", host_end, "type", "veth", "peer", "name", pod_end)
+            run("ip", "link", "set", pod_end, "netns", p.netns)
+            run("ip", "link", "set", host_end, "master", BRIDGE, "up")
+            run("ip", "netns", "exec", p.netns, "ip", "addr", "add", f"{p.ip}/24", "dev", pod_end)
+            run("ip", "netns", "exec", p.netns, "ip", "link", "set", pod_end, "up")
+            run("ip", "netns", "exec", p.netns, "ip", "link", "set", "lo", "up")
+            os.makedirs(f"/etc/netns/{p.netns}", exist_ok=True)
+            with open(f"/etc/netns/{p.netns}/hosts", "w") as f:
+                f.write("127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in hosts.items()))
+        check(True, f"{len(pods)} pods in their own network namespaces: "
+              + ", ".join(f"{p.name} {p.ip}" for p in pods))
+
+        coordinator = next(p for p in pods if p.name.endswith("-coordinator-pod"))
+        kvstore = next(p for p in pods if p.name.endswith("-kvstore-0"))
+        rank1 = next(p for p in pods if p.name.endswith("-worker-1"))
+        for p in pods:
+            p.start(binary, image_env, work)
+        api = f"http://{coordinator.ip}:{coordinator.container['ports'][0]['containerPort']}"
+        if not check(wait_ready(api, 180, coordinator.process), f"the coordinator is ready at {api}"):
+            for p in pods:
+                print(f"--- {p.name}\n" + open(p.log).read()[-2000:])
+            return 1
+
+        model_name = os.path.basename(model).rsplit(".gguf", 1)[0]
+        ask = {"model": model_name, "temperature": 0, "max_tokens": 12,
+               "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        status, body = http(api + "/v1/chat/completions", ask)
+        check(status == 200 and "Paris" in body, f"a greedy chat completion through two ranks answers Paris: {body[:200]}")
+
+        tiers = {"model": model_name, "temperature": 0, "max_tokens": 120,
+                 "kv_policy": {"name": "lazy+tiers", "budget": 48, "window": 8, "alpha": 0.001},
+                 "messages": [{"role": "user", "content":
+                               "Explain step by step why the sum of two odd numbers is always even."}]}
+        status, body = http(api + "/v1/chat/completions", tiers, timeout=120)
+        check(status == 200, "a lazy+tiers request completes")
+        kv_port = next(p["containerPort"] for p in kvstore.container["ports"] if p["name"] == "metrics")
+        _, text = http(f"http://{kvstore.ip}:{kv_port}/metrics")
+        puts = metric(text, 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}')
+        check(puts > 0, f"the ranks demoted blocks to the kvstore pod across namespaces ({puts:.0f} puts)")
+
+        rank1.process.kill()
+        rank1.process.wait()
+        time.sleep(1)
+        rank1.start(binary, image_env, work)
+        recovered = False
+        deadline = time.time() + 120
+        while time.time() < deadline and not recovered:
+            try:
+                status, body = http(api + "/v1/chat/completions", ask, timeout=30)
+                recovered = status == 200 and "Paris" in body
+            except Exception:
+                time.sleep(1)
+        check(recovered, "rank 1 killed and started again from its pod spec: the group serves again")
+
+        coordinator.process.send_signal(signal.SIGTERM)
+        try:
+            code = coordinator.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+        check(code == 0, f"SIGTERM drains the coordinator, exit {code}")
+    finally:
+        for p in pods:
+            if p.process is not None and p.process.poll() is None:
+                p.process.kill()
+                p.process.wait()
+        for p in pods:
+            subprocess.run(["ip", "netns", "del", p.netns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{p.netns}", ignore_errors=True)
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        if failures:
+            for p in pods:
+                if p.log and os.path.exists(p.log):
+                    print(f"--- {p.name} (last lines)\n" + open(p.log).read()[-1500:])
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
