@@ -164,11 +164,23 @@ def main():
     if os.geteuid() != 0 or shutil.which("ip") is None or not model:
         print("skipped: needs root, iproute2 and LAZYKV_DEFAULT_MODEL")
         return 77
+    # Everything the pods need, tried once: a bridge, a namespace, a veth pair into it.
+    probe = [("ip", "link", "add", f"{TAG}pb", "type", "bridge"), ("ip", "netns", "add", f"{TAG}-probe"),
+             ("ip", "link", "add", f"{TAG}ph", "type", "veth", "peer", "name", f"{TAG}pp"),
+             ("ip", "link", "set", f"{TAG}pp", "netns", f"{TAG}-probe"),
+             ("ip", "link", "set", f"{TAG}ph", "master", f"{TAG}pb", "up")]
     try:
-        run("ip", "netns", "add", f"{TAG}-probe")
-        run("ip", "netns", "del", f"{TAG}-probe")
+        for cmd in probe:
+            run(*cmd)
+        missing = None
     except subprocess.CalledProcessError as e:
-        print(f"skipped: network namespaces are not available here: {e.stderr.decode().strip()}")
+        missing = f"{' '.join(e.cmd)}: {e.stderr.decode().strip()}"
+    finally:
+        for cmd in (("ip", "link", "del", f"{TAG}ph"), ("ip", "netns", "del", f"{TAG}-probe"),
+                    ("ip", "link", "del", f"{TAG}pb")):
+            subprocess.run(cmd, capture_output=True)
+    if missing:
+        print(f"skipped: this machine cannot make the pods' network ({missing})")
         return 77
 
     args = ["template", "t", CHART]
