@@ -101,7 +101,7 @@ struct Bench {
     const ModelConfig& c = model.config();
     KvCache cache(cache_config());
     ForwardPass fp(model, cache, pool, precision);
-    auto policy = make_policy(config, policy_shape(c, ctx));
+    auto policy = make_policy(config, policy_shape(c, ctx, ctx + steps));
     cache.add_sequence(0, policy->heads_per_layer());
     const auto ids = bench_tokens(ctx, c.n_vocab, 11);
     BatchItem item{0, ids, 0, false, policy.get()};

@@ -15,7 +15,8 @@ const char* const kParamRule =
     "The observation/recent window (lazy, lazy+tiers, snapkv, rkv `window`; caote, obcache `recent`) is min(catalog default, "
     "max(1, budget / 4)), so "
     "that at least three quarters of the budget is chosen by the policy's score; streaming keeps its 4 sinks and "
-    "h2o its half-budget recent window.";
+    "h2o its half-budget recent window. A window-like value set in a --policies spec, name(param=value), is kept "
+    "unless it is not below the budget; then it is max(1, budget / 4) too.";
 
 int32_t budget_slots(double budget, int64_t base) {
   if (budget < 1) return std::max<int32_t>(8, int32_t(std::llround(budget * double(base))));
@@ -32,8 +33,12 @@ std::pair<std::string, std::map<std::string, std::string>> split_spec(const std:
     return Error(ErrorCode::kInvalidArgument, "--policies: '" + spec + "': " + why);
   };
   if (spec.back() != ')') throw bad("expected name(param=value,...)");
+  std::string name = spec.substr(0, open);
+  name.erase(name.find_last_not_of(" \t") + 1);
+  const std::vector<std::string> items = split_list(spec.substr(open + 1, spec.size() - open - 2));
+  if (items.empty()) throw bad("no parameters between the parentheses (write '" + name + "')");
   std::map<std::string, std::string> params;
-  for (const std::string& item : split_list(spec.substr(open + 1, spec.size() - open - 2))) {
+  for (const std::string& item : items) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0) throw bad("'" + item + "' is not param=value");
     std::string key = item.substr(0, eq), value = item.substr(eq + 1);
@@ -42,8 +47,11 @@ std::pair<std::string, std::map<std::string, std::string>> split_spec(const std:
     if (key == "budget") throw bad("the budget comes from --budgets");
     if (!params.emplace(key, value).second) throw bad("'" + key + "' given twice");
   }
-  return {spec.substr(0, open), params};
+  return {name, params};
 }
+
+// Parameters that must stay below the budget (policy_config.cc's cross rules).
+bool window_like(const std::string& param) { return param == "window" || param == "sinks" || param == "recent"; }
 
 }  // namespace
 
@@ -61,7 +69,14 @@ PolicyConfig grid_policy_config(const std::string& spec, int32_t budget) {
       }
     }
   }
-  for (const auto& [key, value] : given) params[key] = value;
+  for (const auto& [key, value] : given) {
+    // A given window that does not fit this budget (budgets follow each
+    // problem's length) is cut as the defaults are, not refused mid-run.
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    const bool number = end != value.c_str() && *end == '\0';
+    params[key] = window_like(key) && number && v >= budget ? std::to_string(std::max(1, budget / 4)) : value;
+  }
   return make_policy_config(name, params);  // throws for an unknown name or parameter
 }
 

@@ -18,12 +18,11 @@ extern const char* const kParamRule;
 // max(8, round(value * base)); a value >= 1 is an absolute slot count.
 int32_t budget_slots(double budget, int64_t base);
 
-// The policy of a spec, `name` or `name(param=value,...)` (the form
-// PolicyConfig::to_string prints), with this budget. Parameters the spec
-// leaves out follow kParamRule: window-like ones (lazy/snapkv/rkv "window",
-// caote/obcache "recent", streaming "sinks") keep their catalog defaults
-// unless that is too large for the budget. `full` ignores the budget; a spec
-// may not set `budget` (the grid does).
+// The policy of a spec, `name` or `name(param=value,...)`, with this budget.
+// Window-like parameters (lazy/snapkv/rkv "window", caote/obcache "recent",
+// streaming "sinks") follow kParamRule: catalog defaults, or the spec's
+// values, unless too large for the budget. `full` ignores the budget; a spec
+// may not set `budget` (the grid does) or have empty parentheses.
 PolicyConfig grid_policy_config(const std::string& spec, int32_t budget);
 
 // "a,b(x=1,y=2),c" -> {"a", "b(x=1,y=2)", "c"}: commas inside parentheses

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 
 #include "common/error.h"
 
@@ -77,9 +78,11 @@ std::string LocalWorker::start(const SequenceStart& s) {
   Sequence seq;
   try {
     s.sampling.validate();
-    seq.policy = make_policy(s.policy, policy_shape(shard_.config(), int32_t(s.prompt.size())));
+    seq.policy = make_policy(s.policy, policy_shape(shard_.config(), int32_t(s.prompt.size()), options_.n_ctx));
   } catch (const Error& e) {
     return e.what();
+  } catch (const std::bad_alloc&) {
+    return "policy " + s.policy.name + ": its state for this sequence does not fit in memory";
   }
   seq.prompt = s.prompt;
   seq.sampler = std::make_unique<Sampler>(s.sampling);

@@ -25,8 +25,10 @@ class ObcachePolicy final : public EvictionPolicy {
   ObcachePolicy(const PolicyConfig& config, const PolicyShape& shape)
       : EvictionPolicy(config, shape, shape.n_head_kv,
                        Needs{.slot_score = true,
+                             // The prompt's last max(recent, 1) queries (no more than it has);
+                             // decode needs only the current one.
                              .keep_queries = config.get_int("accumulate") != 0
-                                                 ? std::max(config.get_int("recent"), 1)
+                                                 ? std::clamp(config.get_int("recent"), 1, std::max(shape.prompt_len, 1))
                                                  : 1}),
         budget_(config.get_int("budget")),
         recent_(config.get_int("recent")),

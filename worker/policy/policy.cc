@@ -12,8 +12,8 @@
 
 namespace lazykv {
 
-PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len) {
-  return PolicyShape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim, prompt_len, 0.0f};
+PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len, int32_t max_len) {
+  return PolicyShape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim, prompt_len, 0.0f, max_len};
 }
 
 EvictionPolicy::EvictionPolicy(PolicyConfig config, const PolicyShape& shape, int heads_per_layer, Needs needs)
@@ -28,12 +28,15 @@ EvictionPolicy::EvictionPolicy(PolicyConfig config, const PolicyShape& shape, in
     throw Error(ErrorCode::kInvalidArgument, "policy " + config_.name + ": invalid model shape");
   }
   if (shape_.attn_scale == 0) shape_.attn_scale = 1.0f / std::sqrt(float(shape.head_dim));
+  // A ring longer than the sequence would only hold the same queries: a
+  // request's `window` must not size memory beyond what it can use.
+  if (shape.max_len > 0) needs_.keep_queries = std::min(needs_.keep_queries, shape.max_len);
   heads_.resize(size_t(shape.n_layer) * size_t(heads_per_layer));
   for (Head& h : heads_) {
     h.stats.alpha = needs.alpha;
-    if (needs.keep_queries > 0) {
-      h.queries.assign(size_t(needs.keep_queries) * size_t(queries_per_head()) * size_t(shape.head_dim), 0.0f);
-      h.query_pos.assign(size_t(needs.keep_queries), -1);
+    if (needs_.keep_queries > 0) {
+      h.queries.assign(size_t(needs_.keep_queries) * size_t(queries_per_head()) * size_t(shape.head_dim), 0.0f);
+      h.query_pos.assign(size_t(needs_.keep_queries), -1);
     }
   }
   scratch_.resize(size_t(shape.n_layer));

@@ -33,11 +33,16 @@ struct PolicyShape {
   int head_dim = 0;
   int32_t prompt_len = 0;
   float attn_scale = 0;  // 1/sqrt(head_dim) unless the model says otherwise
+  // The most positions the sequence can reach (prompt + generated), 0 when
+  // unknown: state sized by a parameter (the query ring of a `window`) is
+  // never made larger than the sequence can use.
+  int32_t max_len = 0;
 };
 
 struct ModelConfig;
-// The policy shape of a model for a prompt of prompt_len tokens.
-PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len);
+// The policy shape of a model for a prompt of prompt_len tokens, in a
+// sequence of at most max_len positions (0: unknown).
+PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len, int32_t max_len = 0);
 
 // What a tiered policy moved: the eval harness reports bytes per token and
 // the promotion hit rate from these.

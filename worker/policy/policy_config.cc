@@ -114,7 +114,9 @@ const std::vector<PolicyInfo>& policy_catalog() {
        "accumulated over queries",
        {budget_param(),
         {"recent", 32, 0, kMaxSlots, true, "recent slots always kept; also the prompt queries scored (0: none kept, last query scored)"},
-        {"accumulate", 1, 0, 1, true, "1: sum over every query, as H2O; 0: the current query only, as TOVA"}}},
+        {"accumulate", 1, 0, 1, true,
+         "1: sum over queries (the prompt's last max(recent, 1), then every decode query), as H2O; "
+         "0: the current query only, as TOVA"}}},
   };
   return catalog;
 }

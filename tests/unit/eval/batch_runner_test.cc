@@ -321,6 +321,10 @@ TEST(PolicyGridTest, SpecsSetParametersTheRuleWouldChoose) {
   EXPECT_EQ(ob.get_int("accumulate"), 0);
   EXPECT_EQ(ob.get_int("recent"), 10);
   EXPECT_EQ(grid_policy_config("lazy(alpha=0.001,window=16)", 100).get("alpha"), 0.001);
+  EXPECT_EQ(grid_policy_config("h2o (recent=32)", 205).get_int("recent"), 32);  // spaces before '('
+  // A given window that does not fit a small budget is cut as the defaults are.
+  EXPECT_EQ(grid_policy_config("obcache(recent=64)", 40).get_int("recent"), 10);
+  EXPECT_EQ(grid_policy_config("lazy(window=16)", 16).get_int("window"), 4);
   EXPECT_EQ(split_list("lazy, h2o(recent=32,x=1) ,tova,"), (std::vector<std::string>{"lazy", "h2o(recent=32,x=1)", "tova"}));
   EXPECT_EQ(parse_policies("h2o(recent=32),obcache(accumulate=0),h2o"),
             (std::vector<std::string>{"h2o(recent=32)", "obcache(accumulate=0)", "h2o"}));
@@ -334,6 +338,8 @@ TEST(PolicyGridTest, BadSpecsSayWhatIsWrong) {
   EXPECT_NE(error_of([] { parse_policies("h2o(window=8)"); }).find("no parameter 'window'"), std::string::npos);
   EXPECT_NE(error_of([] { parse_policies("obcache(accumulate=3)"); }).find("accumulate"), std::string::npos);
   EXPECT_NE(error_of([] { parse_policies("bogus(x=1)"); }).find("valid policies"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_policies("h2o()"); }).find("no parameters between the parentheses (write 'h2o')"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,9 @@ int32_t argmax(std::span<const float> logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-PolicyShape shape_for(const Model& m, int32_t prompt_len) { return policy_shape(m.config(), prompt_len); }
+PolicyShape shape_for(const Model& m, int32_t prompt_len, int32_t max_len = 0) {
+  return policy_shape(m.config(), prompt_len, max_len);
+}
 
 // One sequence on its own cache and forward pass, optionally with a policy.
 struct Session {
@@ -66,11 +69,11 @@ struct Session {
   int32_t pos = 0;
   std::vector<float> logits;
 
-  Session(const Model& m, const PolicyConfig* config, const std::vector<int32_t>& prompt)
+  Session(const Model& m, const PolicyConfig* config, const std::vector<int32_t>& prompt, int32_t max_len = 0)
       : model(m),
         cache({m.config().n_layer, m.config().n_head_kv, m.config().head_dim, 4, 0}),
         forward(m, cache, pool) {
-    if (config != nullptr) policy = make_policy(*config, shape_for(m, int32_t(prompt.size())));
+    if (config != nullptr) policy = make_policy(*config, shape_for(m, int32_t(prompt.size()), max_len));
     cache.add_sequence(0, policy ? policy->heads_per_layer() : 0);
     feed(prompt);
   }
@@ -192,6 +195,30 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
       for (int h = 0; h < s.heads(); ++h) total += s.cache.n_slots(0, layer, h);
     }
     EXPECT_EQ(s.policy->slots(), total) << name;
+  }
+}
+
+TEST(PolicyForward, AHugeWindowHoldsOnlyWhatTheSequenceCanUse) {
+  // Any request may ask for a window just below the largest budget; the
+  // query ring is capped at the sequence's length (without the cap this
+  // would allocate gigabytes per layer and head), and behaves the same.
+  const Model& m = tiny_model();
+  constexpr int kSteps = 20;
+  const int32_t max_len = int32_t(kPrompt.size()) + kSteps;
+  for (const auto& [huge, fitting] : std::vector<std::pair<PolicyConfig, PolicyConfig>>{
+           {config("snapkv", {{"budget", "16777216"}, {"window", "16777215"}, {"period", "4"}}),
+            config("snapkv", {{"budget", "16777216"}, {"window", std::to_string(max_len)}, {"period", "4"}})},
+           {config("obcache", {{"budget", "16777216"}, {"recent", "16777215"}}),
+            config("obcache", {{"budget", "16777216"}, {"recent", std::to_string(max_len)}})}}) {
+    Session a(m, &huge, kPrompt, max_len), b(m, &fitting, kPrompt, max_len);
+    for (int t = 0; t < kSteps; ++t) {
+      a.feed({a.next()});
+      b.feed({b.next()});
+      ASSERT_EQ(a.logits, b.logits) << huge.to_string() << " t=" << t;
+    }
+    for (int layer = 0; layer < m.config().n_layer; ++layer) {
+      EXPECT_EQ(a.policy->slot_state(layer, 0), b.policy->slot_state(layer, 0)) << huge.to_string();
+    }
   }
 }
 
