@@ -31,7 +31,7 @@ server_log=$(mktemp -t lazykv-docker-check.XXXXXX)
 
 if docker info >/dev/null 2>&1; then
   engine=docker
-  docker build "${secret[@]}" -f deploy/docker/Dockerfile -t "$tag" .
+  DOCKER_BUILDKIT=1 docker build "${secret[@]}" -f deploy/docker/Dockerfile -t "$tag" .
   cid=$(docker run -d -p "127.0.0.1:$port:8000" "$tag")
   cleanup() { docker rm -f "$cid" >/dev/null 2>&1 || true; }
   in_image() { docker exec "$cid" "$@"; }
@@ -47,10 +47,11 @@ else
   b=(buildah --storage-driver vfs)
   "${b[@]}" bud --isolation chroot --layers=false "${secret[@]}" -f deploy/docker/Dockerfile -t "$tag" .
   ctr=$("${b[@]}" from "$tag")
-  # buildah run keeps the image's user, environment and working directory;
-  # the entrypoint's command is given explicitly, on loopback and --port.
-  server_cmd="/usr/local/bin/lazykv serve --model default --host 127.0.0.1 --port $port"
-  "${b[@]}" run --isolation chroot "$ctr" -- lazykv serve --model default --host 127.0.0.1 --port "$port" \
+  # buildah run keeps the image's user, environment and working directory
+  # and runs the image's command, `lazykv serve`; as with `docker run -e`,
+  # the environment moves it to loopback and --port.
+  server_cmd="/usr/local/bin/lazykv serve"
+  "${b[@]}" run --isolation chroot --env LAZYKV_HOST=127.0.0.1 --env "LAZYKV_PORT=$port" "$ctr" -- lazykv serve \
     >"$server_log" 2>&1 &
   cleanup() {
     pkill -KILL -f "^$server_cmd\$" 2>/dev/null || true

@@ -38,7 +38,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CHART = os.path.join(HERE, "..", "..", "deploy", "helm", "lazykv")
 HELM = os.path.join(os.path.dirname(sys.executable), "helm")
 TAG = f"lk{os.getpid() % 100000}"  # prefix of every namespace and link of this run
-SUBNET = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+
+
+def free_subnet():
+    """A /24 of 198.18.0.0/15 (reserved for network tests, RFC 2544) that no
+    route of this machine uses, so the bridge shadows nothing."""
+    routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+    for i in range(512):
+        n = (os.getpid() + i) % 512
+        candidate = f"198.{18 + n // 256}.{n % 256}"
+        if candidate + "." not in routes:
+            return candidate
+    raise RuntimeError("no free /24 in 198.18.0.0/15")
+
+
+SUBNET = free_subnet() if shutil.which("ip") else "198.18.0"
 BRIDGE = f"{TAG}br"
 VALUES = {
     "mode": "distributed", "worker.tensorParallel.world": 2, "kvstore.enabled": "true",

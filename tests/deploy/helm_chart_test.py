@@ -9,10 +9,14 @@
   3. Every LAZYKV_* variable and --flag the chart gives a lazykv container is
      a flag of the subcommand that container runs (`lazykv <cmd> --help`),
      so no setting is silently ignored.
-  4. The pieces fit: Services select the pods they front and name ports those
-     pods have; the coordinator's --worker list names the worker ranks' DNS
-     names in rank order; probes, scrape annotations and volumes point at
-     what the containers serve and mount.
+  4. The pieces fit: Services and NetworkPolicies select the pods they are
+     for, Services name ports those pods have; the coordinator's --worker
+     list names the worker ranks' DNS names in rank order; probes, scrape
+     annotations and volumes point at what the containers serve and mount.
+  5. The settings work: `lazykv serve` and `lazykv kvstore` start with the
+     environment the chart renders for them (policies of every shape, and
+     numbers too large for Helm's default float formatting, from a values
+     file).
 
 usage: helm_chart_test.py LAZYKV_BINARY
 Run with the python of the end-to-end venv (tests/e2e/requirements.txt pins
@@ -22,8 +26,11 @@ tests/deploy/with_e2e_python.sh does.
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import kubernetes_validate
 import yaml
@@ -49,11 +56,17 @@ def helm(*args):
     return subprocess.run([HELM, *args], capture_output=True, text=True)
 
 
-def render(values):
-    """The objects of `helm template` with --set values (a dict)."""
-    args = ["template", RELEASE, CHART]
+def render(values, values_file=None, release=RELEASE):
+    """The objects of `helm template` with --set values (a dict) and an
+    optional values file (YAML numbers arrive as floats that way)."""
+    args = ["template", release, CHART]
     for key, value in values.items():
         args += ["--set", f"{key}={value}"]
+    if values_file is not None:
+        path = os.path.join(tempfile.mkdtemp(prefix="lazykv-helm."), "values.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(values_file, f)
+        args += ["-f", path]
     r = helm(*args)
     if r.returncode != 0:
         raise RuntimeError(f"helm template {values}: {r.stderr.strip()}")
@@ -86,6 +99,41 @@ def lazykv_flags(binary, command):
         _help_cache[command] = (set(re.findall(r"^\s+(--[a-z0-9-]+) ", out, re.M)),
                                 set(re.findall(r"\[env (LAZYKV_[A-Z0-9_]+)\]", out)))
     return _help_cache[command]
+
+
+def starts(binary, container, overrides, ready_line, seconds=60):
+    """Runs the container's command with its rendered environment (literal
+    values; the overrides stand in for what only a cluster provides) until it
+    prints ready_line; returns (started, output)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+    env.update(overrides)
+    with tempfile.TemporaryFile() as out:
+        p = subprocess.Popen([binary, *container["args"]], env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.time() + seconds
+        started = False
+        while time.time() < deadline and p.poll() is None:
+            out.seek(0)
+            if ready_line in out.read().decode(errors="replace"):
+                started = True
+                break
+            time.sleep(0.2)
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        out.seek(0)
+        return started, out.read().decode(errors="replace")
+
+
+def selects(selector, workload):
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def check_objects(name, objects, binary, extra_env=()):
@@ -134,6 +182,16 @@ def check_objects(name, objects, binary, extra_env=()):
                 check(int(annotations["prometheus.io/port"]) in ports.values(),
                       f"{name}: {w['metadata']['name']} is scraped on a port it declares")
 
+    # NetworkPolicies select pods of this release, and admit pods of it.
+    for np in by_kind(objects, "NetworkPolicy").values():
+        targets = [w for w in workloads if selects(np["spec"]["podSelector"]["matchLabels"], w)]
+        check(len(targets) == 1, f"{name}: NetworkPolicy {np['metadata']['name']} selects one workload's pods")
+        for rule in np["spec"]["ingress"]:
+            for peer in rule.get("from", []):
+                check(any(selects(peer["podSelector"]["matchLabels"], w) for w in workloads),
+                      f"{name}: NetworkPolicy {np['metadata']['name']} admits pods that exist "
+                      f"({peer['podSelector']['matchLabels']['app.kubernetes.io/component']})")
+
     # Services front pods that have the ports they name.
     for s in by_kind(objects, "Service").values():
         sel = s["spec"]["selector"]
@@ -166,6 +224,8 @@ def main():
         ({"mode": "distributed", "worker.tensorParallel.collective": "nccl"}, "needs a GPU per rank"),
         ({"worker.tensorParallel.world": 2}, "needs mode: distributed"),
         ({"model": "/models/r1.gguf"}, "mount the volume that holds it with modelVolume"),
+        ({"extraEnv.LAZYKV_THREADS": 2}, "extraEnv.LAZYKV_THREADS: the chart sets it from its own value"),
+        ({"extraEnv.LAZYKV_KV_BUDGET": 64}, "extraEnv.LAZYKV_KV_BUDGET: the chart sets it"),
     ]:
         try:
             render(values)
@@ -180,8 +240,18 @@ def main():
     check(sorted(o["kind"] for o in serve) == ["Deployment", "Service"], "serve: one Deployment and its Service")
     c = pod_spec(by_kind(serve, "Deployment")[FULLNAME])["containers"][0]
     check(c["args"] == ["serve"] and env_value(c, "LAZYKV_KV_POLICY") == "lazy"
-          and env_value(c, "LAZYKV_KV_BUDGET") == "512" and env_value(c, "LAZYKV_HOST") == "0.0.0.0",
-          "serve: runs `lazykv serve` on every interface with the default policy lazy, budget 512")
+          and [n for n in env_of(c) if n.startswith("LAZYKV_KV_") and n != "LAZYKV_KV_CACHE_MIB"] == ["LAZYKV_KV_POLICY"]
+          and env_value(c, "LAZYKV_HOST") == "0.0.0.0",
+          "serve: runs `lazykv serve` on every interface with the default policy lazy at its own defaults")
+    model = os.environ.get("LAZYKV_DEFAULT_MODEL", "")
+    # What only a cluster provides, or what would collide here: loopback, free ports, the model's path.
+    local = {"LAZYKV_HOST": "127.0.0.1", "LAZYKV_PORT": "0", "LAZYKV_GRPC_PORT": "-1", "LAZYKV_MODEL": model,
+             "LAZYKV_THREADS": "1", "LAZYKV_KVSTORE": ""}
+    if model:
+        ok, out = starts(binary, c, local, "listening on http")
+        check(ok, "serve: `lazykv serve` starts with the rendered environment" + ("" if ok else ": " + out[-300:]))
+    else:
+        print("skipped: starting the rendered containers (LAZYKV_DEFAULT_MODEL is not set)")
     check(c["readinessProbe"]["httpGet"]["path"] == "/ready" and c["livenessProbe"]["httpGet"]["path"] == "/health",
           "serve: ready on /ready, alive on /health")
     grace = pod_spec(by_kind(serve, "Deployment")[FULLNAME])["terminationGracePeriodSeconds"]
@@ -203,6 +273,45 @@ def main():
           "serve+kvstore: policy parameters and extraEnv reach the container")
     check(all(p["name"] != "grpc" for p in by_kind(custom, "Service")[FULLNAME]["spec"]["ports"]),
           "serve+kvstore: grpcPort -1 exposes no gRPC port")
+    check("LAZYKV_KV_WINDOW" not in env_of(c), "serve+kvstore: h2o gets no parameter it lacks")
+    if model:
+        ok, out = starts(binary, c, dict(local, LAZYKV_API_KEY="k"), "listening on http")
+        check(ok, "serve+kvstore: `lazykv serve` starts with h2o(recent=32)" + ("" if ok else ": " + out[-300:]))
+    kv_np = by_kind(custom, "NetworkPolicy")[f"{FULLNAME}-kvstore"]
+    check(kv_np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "api"
+          and kv_np["spec"]["ingress"][1]["ports"][0]["port"] == 9100,
+          "serve+kvstore: only serve pods reach the kvstore; its metrics port stays open")
+
+    # Numbers from a values file are floats to Helm: whole ones must still reach the flags as integers.
+    big = render({}, values_file={"kvPolicy": {"name": "lazy", "params": {"budget": 2000000, "window": 1000000,
+                                                                          "alpha": 0.0001}},
+                                  "kvCacheMiB": 1048576, "threads": 3,
+                                  "kvstore": {"enabled": True, "hostCapacityMiB": 64,
+                                              "nvme": {"size": "2Ti", "capacityMiB": 2097152}}})
+    check_objects("big numbers", big, binary)
+    c = pod_spec(by_kind(big, "Deployment")[FULLNAME])["containers"][0]
+    kv = pod_spec(by_kind(big, "StatefulSet")[f"{FULLNAME}-kvstore"])["containers"][0]
+    check((env_value(c, "LAZYKV_KV_BUDGET"), env_value(c, "LAZYKV_KV_WINDOW"), env_value(c, "LAZYKV_KV_ALPHA"),
+           env_value(c, "LAZYKV_KV_CACHE_MIB"), env_value(c, "LAZYKV_THREADS"),
+           env_value(kv, "LAZYKV_NVME_CAPACITY_MIB")) == ("2000000", "1000000", "0.0001", "1048576", "3", "2097152"),
+          "big numbers: 2000000, 1048576 and 2097152 arrive as integers, 0.0001 as it is")
+    if model:
+        ok, out = starts(binary, c, local, "listening on http")
+        check(ok, "big numbers: `lazykv serve` starts with them" + ("" if ok else ": " + out[-300:]))
+        with tempfile.TemporaryDirectory() as nvme:
+            ok, out = starts(binary, kv, {"LAZYKV_LISTEN": "127.0.0.1:0", "LAZYKV_DATA_PORT": "0",
+                                          "LAZYKV_METRICS_PORT": "0", "LAZYKV_NVME_PATH": nvme}, "host tier")
+        check(ok, "big numbers: `lazykv kvstore` starts with a 2 TiB NVMe budget" + ("" if ok else ": " + out[-300:]))
+
+    limited = render({"serve.resources.limits.cpu": 2})
+    c = pod_spec(by_kind(limited, "Deployment")[FULLNAME])["containers"][0]
+    check(env_of(c)["LAZYKV_THREADS"].get("valueFrom", {}).get("resourceFieldRef", {}).get("resource") == "limits.cpu",
+          "threads 0 with a CPU limit: the model's threads follow the limit, not the node's cores")
+
+    long_name = "r" * 53  # Helm's longest release name
+    named = render({"mode": "distributed", "kvstore.enabled": "true"}, release=long_name)
+    check(all(len(o["metadata"]["name"]) <= (52 if o["kind"] == "StatefulSet" else 63) for o in named),
+          "a 53-character release name keeps StatefulSet names within 52 characters and the others within 63")
 
     dist = render({"mode": "distributed", "worker.tensorParallel.world": 3, "kvstore.enabled": "true",
                    "kvstore.nvme.size": "50Gi"})
@@ -236,6 +345,13 @@ def main():
     check(kvstore["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
           and env_value(kv, "LAZYKV_NVME_PATH") == kv["volumeMounts"][0]["mountPath"],
           "distributed: the NVMe tier lives on its 50Gi claim")
+    drain = int(env_value(coordinator, "LAZYKV_DRAIN_SECONDS"))
+    check(w["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(drain)]
+          and pod_spec(workers)["terminationGracePeriodSeconds"] > drain,
+          "distributed: ranks outlive the coordinator's drain on a shutdown")
+    admitted = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                for p in by_kind(dist, "NetworkPolicy")[f"{FULLNAME}-worker"]["spec"]["ingress"][0]["from"]}
+    check(admitted == {"api", "worker"}, "distributed: only the coordinator and the ranks reach a rank")
 
     nccl = render({"mode": "distributed", "worker.tensorParallel.world": 2,
                    "worker.tensorParallel.collective": "nccl", "worker.gpusPerRank": 1,

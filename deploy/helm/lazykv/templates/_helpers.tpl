@@ -1,9 +1,19 @@
-{{/* Names: <release>-lazykv (or the release name when it already says lazykv), cut to 63. */}}
+{{/* Names: <release>-lazykv (or the release name when it already says lazykv), cut to 44
+so that "<name>-kvstore" and "<name>-worker" stay within a StatefulSet's 52 characters. */}}
 {{- define "lazykv.fullname" -}}
 {{- if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Release.Name | trunc 44 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 44 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A value as a flag takes it: whole numbers without an exponent (YAML reads 2097152 as a float). */}}
+{{- define "lazykv.number" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- toString . -}}
 {{- end -}}
 {{- end -}}
 
@@ -50,6 +60,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (ne (toString .Values.model) "default") (not .Values.modelVolume) -}}
 {{- fail (printf "model %q is a path: mount the volume that holds it with modelVolume (at /models)" (toString .Values.model)) -}}
 {{- end -}}
+{{- $managed := list "LAZYKV_HOST" "LAZYKV_MODEL" "LAZYKV_PORT" "LAZYKV_GRPC_PORT" "LAZYKV_DRAIN_SECONDS" "LAZYKV_API_KEY"
+    "LAZYKV_THREADS" "LAZYKV_KVSTORE" "LAZYKV_CONNECT_TIMEOUT" "LAZYKV_RANK" "LAZYKV_WORLD" "LAZYKV_COLLECTIVE"
+    "LAZYKV_TP_HOST" "LAZYKV_LISTEN" "LAZYKV_DATA_PORT" "LAZYKV_METRICS_PORT" "LAZYKV_HOST_CAPACITY_MIB"
+    "LAZYKV_NVME_PATH" "LAZYKV_NVME_CAPACITY_MIB" -}}
+{{- range $name, $_ := .Values.extraEnv -}}
+{{- if or (has $name $managed) (hasPrefix "LAZYKV_KV_" $name) -}}
+{{- fail (printf "extraEnv.%s: the chart sets it from its own value (kvPolicy, kvCacheMiB, threads, api, worker, kvstore)" $name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The model (and its volume) for containers that load it. */}}
@@ -81,18 +100,18 @@ volumes:
   value: {{ .Values.kvPolicy.name | quote }}
 {{- range $param, $value := .Values.kvPolicy.params }}
 - name: {{ printf "LAZYKV_KV_%s" (upper $param) }}
-  value: {{ $value | toString | quote }}
+  value: {{ include "lazykv.number" $value | quote }}
 {{- end }}
 {{- end -}}
 
 {{/* The API of serve or the coordinator. */}}
 {{- define "lazykv.apiEnv" -}}
 - name: LAZYKV_PORT
-  value: {{ .Values.api.port | toString | quote }}
+  value: {{ include "lazykv.number" .Values.api.port | quote }}
 - name: LAZYKV_GRPC_PORT
-  value: {{ .Values.api.grpcPort | toString | quote }}
+  value: {{ include "lazykv.number" .Values.api.grpcPort | quote }}
 - name: LAZYKV_DRAIN_SECONDS
-  value: {{ .Values.api.drainSeconds | toString | quote }}
+  value: {{ include "lazykv.number" .Values.api.drainSeconds | quote }}
 {{- if .Values.api.apiKeySecret }}
 - name: LAZYKV_API_KEY
   valueFrom:
@@ -102,10 +121,24 @@ volumes:
 {{- end }}
 {{- end -}}
 
+{{/* LAZYKV_THREADS of a container that runs the model: (dict "root" $ "container" NAME "resources" R).
+With threads 0 and a CPU limit, the limit (rounded up to whole cores): the process would otherwise count the node's cores. */}}
+{{- define "lazykv.threadsEnv" -}}
+- name: LAZYKV_THREADS
+{{- if and (eq (int64 .root.Values.threads) 0) (dig "limits" "cpu" "" (.resources | default dict)) }}
+  valueFrom:
+    resourceFieldRef:
+      containerName: {{ .container }}
+      resource: limits.cpu
+{{- else }}
+  value: {{ include "lazykv.number" .root.Values.threads | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "lazykv.extraEnv" -}}
 {{- range $name, $value := .Values.extraEnv }}
 - name: {{ $name }}
-  value: {{ $value | toString | quote }}
+  value: {{ include "lazykv.number" $value | quote }}
 {{- end }}
 {{- end -}}
 
@@ -146,7 +179,7 @@ startupProbe:
 {{- if .root.Values.metrics.scrapeAnnotations }}
 annotations:
   prometheus.io/scrape: "true"
-  prometheus.io/port: {{ .port | toString | quote }}
+  prometheus.io/port: {{ include "lazykv.number" .port | quote }}
   prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
