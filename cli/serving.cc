@@ -94,22 +94,6 @@ LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tok
   return options;
 }
 
-std::pair<std::string, int> parse_host_port(const std::string& address, const std::string& flag) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    throw Error(ErrorCode::kInvalidArgument, flag + " '" + address + "' is not HOST:PORT");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const std::string port_text = address.substr(colon + 1);
-  char* end = nullptr;
-  const long port = std::strtol(port_text.c_str(), &end, 10);
-  if (port_text.empty() || *end != '\0' || port < 0 || port > 65535) {
-    throw Error(ErrorCode::kInvalidArgument, flag + " '" + address + "': the port must be in [0, 65535]");
-  }
-  return {host, int(port)};
-}
-
 sigset_t block_termination_signals() {
   sigset_t signals;
   sigemptyset(&signals);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/flags.h"
+#include "common/host_port.h"
 #include "common/metrics/registry.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/server/openai_service.h"
@@ -28,9 +29,6 @@ SchedulerOptions scheduler_options_from_flags(const Flags& flags);
 void add_local_worker_flags(Flags& flags);
 // Error(kInvalidArgument) for out-of-range values; n_vocab from the tokenizer.
 LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer);
-
-// "HOST:PORT" or "[v6]:PORT" (port 0..65535); Error(kInvalidArgument) naming `flag`.
-std::pair<std::string, int> parse_host_port(const std::string& address, const std::string& flag);
 
 // Blocks SIGTERM and SIGINT in this thread and every thread started after it
 // (so only sigwait sees them) and ignores SIGPIPE. Call before any thread starts.

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/error.h"
+#include "common/host_port.h"
 #include "kvstore/protocol/data_protocol.h"
 
 namespace lazykv::kvstore {
@@ -26,7 +27,11 @@ KvstoreClient::KvstoreClient(KvstoreClientOptions options) : options_(std::move(
     throw Error(ErrorCode::kUnavailable,
                 "kvstore at " + options_.address + " does not answer: " + status.error_message());
   }
-  data_ = std::make_unique<transport::Client>(options_.transport, info_.data_host(), uint16_t(info_.data_port()));
+  // A kvstore bound to every interface names a wildcard as its data host:
+  // reach its data plane on the host that answered on the control plane.
+  const std::string data_host =
+      is_wildcard_host(info_.data_host()) ? parse_host_port(options_.address, "kvstore address").first : info_.data_host();
+  data_ = std::make_unique<transport::Client>(options_.transport, data_host, uint16_t(info_.data_port()));
 }
 
 KvstoreClient::~KvstoreClient() = default;

@@ -10,7 +10,8 @@ each namespace's hosts file (`ip netns exec` mounts /etc/netns/NAME/hosts).
 Then, from outside every namespace, as a client of the API Service:
   - the coordinator becomes ready and answers a greedy chat completion;
   - a lazy+tiers request demotes through the kvstore pod (its /metrics
-    counts puts), so the UCX data plane crosses namespaces;
+    counts puts), so the UCX data plane crosses namespaces: the kvstore,
+    bound to every interface, is reached under its Service's name;
   - rank 1 killed and started again with the same pod spec: the coordinator
     re-forms the group and serves again;
   - SIGTERM drains the coordinator, which exits 0.
@@ -128,18 +129,20 @@ def pods_of(objects):
 
 
 def hosts_of(objects, pods):
-    """DNS names: a StatefulSet pod's <pod>.<serviceName>, a Service's name (its one pod)."""
+    """DNS names: a StatefulSet pod's <pod>.<serviceName>; a Service's name,
+    its one pod (a ClusterIP forwards to it; a headless Service resolves to it)."""
     names = {}
     for p in pods:
         if p.workload["kind"] == "StatefulSet":
             names[f"{p.name}.{p.workload['spec']['serviceName']}"] = p.ip
     for s in objects:
-        if s["kind"] != "Service" or s["spec"].get("clusterIP") == "None":
+        if s["kind"] != "Service":
             continue
         sel = s["spec"]["selector"]
         chosen = [p for p in pods
                   if all(p.workload["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
-        names[s["metadata"]["name"]] = chosen[0].ip
+        if len(chosen) == 1:
+            names[s["metadata"]["name"]] = chosen[0].ip
     return names
 
 

@@ -340,8 +340,8 @@ def main():
     control = next(p["port"] for p in kv_service["spec"]["ports"] if p["name"] == "control")
     check(env_value(w, "LAZYKV_KVSTORE") == f"{FULLNAME}-kvstore:{control}",
           "distributed: the ranks point at the kvstore's control port")
-    check(env_value(kv, "LAZYKV_LISTEN") == f"$(POD_IP):{control}",
-          "distributed: the kvstore listens on its pod IP (the UCX address it tells its clients)")
+    check(env_value(kv, "LAZYKV_LISTEN") == f"0.0.0.0:{control}" and kv_service["spec"]["clusterIP"] == "None",
+          "distributed: the kvstore listens on every interface behind a headless Service (its name is the pod)")
     check(kvstore["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
           and env_value(kv, "LAZYKV_NVME_PATH") == kv["volumeMounts"][0]["mountPath"],
           "distributed: the NVMe tier lives on its 50Gi claim")
