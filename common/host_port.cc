@@ -1,5 +1,9 @@
 #include "common/host_port.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
 #include <cstdlib>
 
 #include "common/error.h"
@@ -23,5 +27,18 @@ std::pair<std::string, int> parse_host_port(const std::string& address, const st
 }
 
 bool is_wildcard_host(const std::string& host) { return host.empty() || host == "0.0.0.0" || host == "::"; }
+
+std::string ipv4_address_of(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return "";
+  char text[INET_ADDRSTRLEN] = {};
+  const auto* v4 = reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+  const bool ok = inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text) != nullptr;
+  freeaddrinfo(found);
+  return ok ? text : "";
+}
 
 }  // namespace lazykv

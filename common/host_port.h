@@ -15,4 +15,8 @@ std::pair<std::string, int> parse_host_port(const std::string& address, const st
 // ::, or empty): a peer cannot connect to it and must use another name.
 bool is_wildcard_host(const std::string& host);
 
+// The first IPv4 address `host` (a name or a literal) resolves to, dotted;
+// empty when it has none or does not resolve.
+std::string ipv4_address_of(const std::string& host);
+
 }  // namespace lazykv

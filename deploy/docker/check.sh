@@ -50,11 +50,24 @@ else
   # buildah run keeps the image's user, environment and working directory
   # and runs the image's command, `lazykv serve`; as with `docker run -e`,
   # the environment moves it to loopback and --port.
-  server_cmd="/usr/local/bin/lazykv serve"
   "${b[@]}" run --isolation chroot --env LAZYKV_HOST=127.0.0.1 --env "LAZYKV_PORT=$port" "$ctr" -- lazykv serve \
     >"$server_log" 2>&1 &
+  server=$!
+  # The lazykv process that `buildah run` started (a few processes down).
+  lazykv_pid() {
+    local pid p
+    for pid in $(pgrep -f '^/usr/local/bin/lazykv serve$'); do
+      p=$pid
+      while [ "${p:-1}" -gt 1 ]; do
+        [ "$p" = "$server" ] && { echo "$pid"; return 0; }
+        p=$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null)
+      done
+    done
+    return 1
+  }
   cleanup() {
-    pkill -KILL -f "^$server_cmd\$" 2>/dev/null || true
+    local pid
+    pid=$(lazykv_pid) && kill -KILL "$pid" 2>/dev/null
     "${b[@]}" rm "$ctr" >/dev/null 2>&1 || true
   }
   in_image() { "${b[@]}" run --isolation chroot "$ctr" -- "$@"; }
@@ -62,12 +75,14 @@ else
   # child, which would not test the drain); buildah's own exit status is not
   # lazykv's, so the drain is read from the server's last words.
   stop() {
-    pkill -TERM -f "^$server_cmd\$" || return 1
+    local pid
+    pid=$(lazykv_pid) || return 1
+    kill -TERM "$pid"
     for _ in $(seq 45); do
-      pgrep -f "^$server_cmd\$" >/dev/null || break
+      kill -0 "$pid" 2>/dev/null || break
       sleep 1
     done
-    ! pgrep -f "^$server_cmd\$" >/dev/null && grep -aq 'stopped (all requests finished)' "$server_log"
+    ! kill -0 "$pid" 2>/dev/null && grep -aq 'stopped (all requests finished)' "$server_log"
   }
 fi
 trap 'cleanup; rm -f "$server_log"' EXIT

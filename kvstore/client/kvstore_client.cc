@@ -17,6 +17,21 @@ std::chrono::system_clock::time_point deadline_after(std::chrono::milliseconds t
 
 }  // namespace
 
+std::string data_host_for(const std::string& control_address, const std::string& advertised) {
+  if (!is_wildcard_host(advertised)) return advertised;
+  std::string host;
+  try {
+    host = parse_host_port(control_address, "kvstore address").first;
+  } catch (const Error&) {
+    return advertised;  // a gRPC target, not HOST:PORT: the wildcard, as before (works on this host)
+  }
+  if (host.find('/') != std::string::npos) return advertised;  // "dns:///name:port" and the like
+  if (advertised == "::") return host;
+  // 0.0.0.0 listens on IPv4 only, while a name may resolve to IPv6 first.
+  const std::string v4 = ipv4_address_of(host);
+  return v4.empty() ? host : v4;
+}
+
 KvstoreClient::KvstoreClient(KvstoreClientOptions options) : options_(std::move(options)) {
   channel_ = grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials());
   stub_ = pb::Kvstore::NewStub(channel_);
@@ -27,11 +42,8 @@ KvstoreClient::KvstoreClient(KvstoreClientOptions options) : options_(std::move(
     throw Error(ErrorCode::kUnavailable,
                 "kvstore at " + options_.address + " does not answer: " + status.error_message());
   }
-  // A kvstore bound to every interface names a wildcard as its data host:
-  // reach its data plane on the host that answered on the control plane.
-  const std::string data_host =
-      is_wildcard_host(info_.data_host()) ? parse_host_port(options_.address, "kvstore address").first : info_.data_host();
-  data_ = std::make_unique<transport::Client>(options_.transport, data_host, uint16_t(info_.data_port()));
+  data_ = std::make_unique<transport::Client>(options_.transport, data_host_for(options_.address, info_.data_host()),
+                                              uint16_t(info_.data_port()));
 }
 
 KvstoreClient::~KvstoreClient() = default;

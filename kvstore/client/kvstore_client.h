@@ -29,6 +29,12 @@ struct KvstoreClientOptions {
   std::chrono::milliseconds timeout{5000};  // per call, control and data
 };
 
+// Where a client reaches the kvstore's UCX data plane. A kvstore bound to a
+// wildcard (0.0.0.0, ::) advertises the wildcard: then the host of the
+// control address (as IPv4 for 0.0.0.0, which listens on IPv4 only), or the
+// wildcard itself when that address is a gRPC target rather than HOST:PORT.
+std::string data_host_for(const std::string& control_address, const std::string& advertised);
+
 class KvstoreClient final : public BlockStore {
  public:
   // Asks the control plane where the data plane is, then connects to it.

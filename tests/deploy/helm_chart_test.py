@@ -308,10 +308,17 @@ def main():
     check(env_of(c)["LAZYKV_THREADS"].get("valueFrom", {}).get("resourceFieldRef", {}).get("resource") == "limits.cpu",
           "threads 0 with a CPU limit: the model's threads follow the limit, not the node's cores")
 
-    long_name = "r" * 53  # Helm's longest release name
-    named = render({"mode": "distributed", "kvstore.enabled": "true"}, release=long_name)
+    # The longest base name fits every derived name; a longer one is refused, not cut.
+    named = render({"mode": "distributed", "kvstore.enabled": "true"}, release="r" * 37)  # r...r-lazykv: 44
     check(all(len(o["metadata"]["name"]) <= (52 if o["kind"] == "StatefulSet" else 63) for o in named),
-          "a 53-character release name keeps StatefulSet names within 52 characters and the others within 63")
+          "a 44-character name keeps StatefulSet names within 52 characters and the others within 63")
+    try:
+        render({}, release="r" * 38)
+        check(False, "a 45-character name is refused")
+    except RuntimeError as e:
+        check("at most 44 fit: set fullnameOverride" in str(e), "a 45-character name is refused, saying what to do")
+    short = render({"fullnameOverride": "lkv"}, release="r" * 53)
+    check(by_kind(short, "Deployment").keys() == {"lkv"}, "fullnameOverride names the objects of a long release")
 
     dist = render({"mode": "distributed", "worker.tensorParallel.world": 3, "kvstore.enabled": "true",
                    "kvstore.nvme.size": "50Gi"})
@@ -351,7 +358,8 @@ def main():
           "distributed: ranks outlive the coordinator's drain on a shutdown")
     admitted = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
                 for p in by_kind(dist, "NetworkPolicy")[f"{FULLNAME}-worker"]["spec"]["ingress"][0]["from"]}
-    check(admitted == {"api", "worker"}, "distributed: only the coordinator and the ranks reach a rank")
+    check(admitted == {"api", "worker", "kvstore"},
+          "distributed: only the coordinator, the ranks and the kvstore reach a rank")
 
     nccl = render({"mode": "distributed", "worker.tensorParallel.world": 2,
                    "worker.tensorParallel.collective": "nccl", "worker.gpusPerRank": 1,

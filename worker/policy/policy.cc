@@ -28,17 +28,10 @@ EvictionPolicy::EvictionPolicy(PolicyConfig config, const PolicyShape& shape, in
     throw Error(ErrorCode::kInvalidArgument, "policy " + config_.name + ": invalid model shape");
   }
   if (shape_.attn_scale == 0) shape_.attn_scale = 1.0f / std::sqrt(float(shape.head_dim));
-  // A ring longer than the sequence would only hold the same queries: a
-  // request's `window` must not size memory beyond what it can use.
+  // A ring longer than the sequence would only hold the same queries.
   if (shape.max_len > 0) needs_.keep_queries = std::min(needs_.keep_queries, shape.max_len);
   heads_.resize(size_t(shape.n_layer) * size_t(heads_per_layer));
-  for (Head& h : heads_) {
-    h.stats.alpha = needs.alpha;
-    if (needs_.keep_queries > 0) {
-      h.queries.assign(size_t(needs_.keep_queries) * size_t(queries_per_head()) * size_t(shape.head_dim), 0.0f);
-      h.query_pos.assign(size_t(needs_.keep_queries), -1);
-    }
-  }
+  for (Head& h : heads_) h.stats.alpha = needs.alpha;  // query rings grow as queries arrive (query_buffer)
   scratch_.resize(size_t(shape.n_layer));
   keep_.assign(size_t(shape.n_layer), std::vector<std::vector<int32_t>>(size_t(heads_per_layer)));
 }
@@ -60,6 +53,10 @@ void EvictionPolicy::begin_step(int32_t start_pos, int32_t n_new) {
   step_ = step_of(last_pos);
   pass_start_ = start_pos;
   pass_end_ = last_pos + 1;
+  // Query rings grow with the positions seen, not to the window a request
+  // asks for; here, before the pass, because query_buffer runs concurrently.
+  const size_t ring_entries = size_t(std::min(needs_.keep_queries, pass_end_));
+  const size_t stride = size_t(queries_per_head()) * size_t(shape_.head_dim);
   for (Head& h : heads_) {
     const int32_t first = h.n;
     const size_t n = size_t(first + n_new);
@@ -71,6 +68,10 @@ void EvictionPolicy::begin_step(int32_t start_pos, int32_t n_new) {
     if (needs_.slot_score) h.score.resize(n, 0.0f);
     if (needs_.hits) h.hits.resize(n, 0);
     init_slots(h, first, n_new, start_pos);
+    if (h.query_pos.size() < ring_entries) {
+      h.query_pos.resize(ring_entries, -1);
+      h.queries.resize(ring_entries * stride);
+    }
     h.n = int32_t(n);
     point_stats(h);
   }
@@ -107,7 +108,7 @@ float* EvictionPolicy::query_buffer(int layer, int h, int32_t pos) {
   const int32_t k = needs_.keep_queries;
   if (k == 0 || pos < shape_.prompt_len - k) return nullptr;
   Head& hd = head(layer, h);
-  const size_t ring = size_t(pos % k);
+  const size_t ring = size_t(pos % k);  // begin_step grew the ring to hold it
   hd.query_pos[ring] = pos;
   return hd.queries.data() + ring * size_t(queries_per_head()) * size_t(shape_.head_dim);
 }

@@ -110,8 +110,10 @@ class EvictionPolicy {
     std::vector<float> attn;
     std::vector<float> score;            // the policy's own accumulated score (Needs::slot_score)
     std::vector<uint8_t> hits;
-    std::vector<float> queries;          // ring [keep_queries][queries_per_head][head_dim]
-    std::vector<int32_t> query_pos;      // ring [keep_queries]: position of each kept query
+    // Ring of the last keep_queries queries, grown as they arrive:
+    // [entries][queries_per_head][head_dim], entries <= keep_queries.
+    std::vector<float> queries;
+    std::vector<int32_t> query_pos;      // [entries]: position of each kept query (-1: none)
     cpu::AttentionStats stats;         // decode queries
     cpu::AttentionStats prompt_stats;  // prompt queries: attention sums only
   };

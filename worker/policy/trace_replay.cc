@@ -67,7 +67,7 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
 
   const int32_t n_total = P + int32_t(steps.size());
   KvCache cache({1, H, D, 64, 0});
-  const PolicyShape shape{1, H, 1, D, P, 1.0f / std::sqrt(float(D))};
+  const PolicyShape shape{1, H, 1, D, P, 1.0f / std::sqrt(float(D)), n_total};
   std::unique_ptr<EvictionPolicy> policy = make_policy(config, shape);
   const SeqId seq = 0;
   cache.add_sequence(seq, policy->heads_per_layer());

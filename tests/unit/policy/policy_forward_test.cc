@@ -200,8 +200,8 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
 
 TEST(PolicyForward, AHugeWindowHoldsOnlyWhatTheSequenceCanUse) {
   // Any request may ask for a window just below the largest budget; the
-  // query ring is capped at the sequence's length (without the cap this
-  // would allocate gigabytes per layer and head), and behaves the same.
+  // query ring holds only the queries that arrived (sized by the window up
+  // front, it would be gigabytes per layer and head), and behaves the same.
   const Model& m = tiny_model();
   constexpr int kSteps = 20;
   const int32_t max_len = int32_t(kPrompt.size()) + kSteps;

@@ -1,11 +1,13 @@
-{{/* Names: <release>-lazykv (or the release name when it already says lazykv), cut to 44
-so that "<name>-kvstore" and "<name>-worker" stay within a StatefulSet's 52 characters. */}}
+{{/* Names: fullnameOverride, else <release>-lazykv (the release name when it already says
+lazykv). At most 44 characters, so that "<name>-kvstore" and "<name>-worker" fit a
+StatefulSet's 52; a longer one fails rather than being cut (two releases would share
+names, and an upgrade would rename the StatefulSets and orphan their volumes). */}}
 {{- define "lazykv.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 44 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 44 | trimSuffix "-" -}}
+{{- $name := .Values.fullnameOverride | default (ternary .Release.Name (printf "%s-%s" .Release.Name .Chart.Name) (contains .Chart.Name .Release.Name)) -}}
+{{- if gt (len $name) 44 -}}
+{{- fail (printf "the name %q has %d characters, at most 44 fit: set fullnameOverride or use a shorter release name" $name (len $name)) -}}
 {{- end -}}
+{{- $name -}}
 {{- end -}}
 
 {{/* A value as a flag takes it: whole numbers without an exponent (YAML reads 2097152 as a float). */}}
