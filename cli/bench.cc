@@ -1,5 +1,6 @@
-// lazykv bench: prefill and decode throughput of a model on this machine, as
-// JSON. Token ids are fixed pseudo-random ids, so runs are comparable.
+// lazykv bench: prefill and decode throughput of a model on this machine (its
+// CPU, or a GPU with --device cuda), as JSON. Token ids are fixed
+// pseudo-random ids, so runs are comparable.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "common/flags.h"
+#include "worker/compute_device.h"
 #include "worker/forward.h"
 #include "worker/sampler.h"
 
@@ -36,10 +38,25 @@ std::vector<int32_t> bench_tokens(int n, int n_vocab, uint32_t salt) {
 }
 
 struct Bench {
+  Bench(const Model& model_, ThreadPool& pool_, cpu::ActivationPrecision precision_, int reps_, ComputeDevice device_,
+        int cuda_device_)
+      : model(model_), pool(pool_), precision(precision_), reps(reps_), device(device_), cuda_device(cuda_device_),
+        shard(model_, 0, 1) {}
+
   const Model& model;
   ThreadPool& pool;
   cpu::ActivationPrecision precision;
   int reps;
+  ComputeDevice device;
+  int cuda_device;
+  ModelShard shard;
+  SoloGroup solo;
+
+  // A pass on the benchmarked device (a CUDA pass uploads the weights here,
+  // outside every timed region).
+  std::unique_ptr<ForwardBackend> pass(KvCache& cache) {
+    return make_forward_backend(device, cuda_device, shard, solo, cache, pool, precision);
+  }
 
   KvCacheConfig cache_config() const {
     const ModelConfig& c = model.config();
@@ -52,11 +69,11 @@ struct Bench {
     const auto ids = bench_tokens(n, model.config().n_vocab, 1);
     for (int r = 0; r < reps; ++r) {
       KvCache cache(cache_config());
-      ForwardPass fp(model, cache, pool, precision);
+      const auto fp = pass(cache);
       cache.add_sequence(0);
       BatchItem item{0, ids, 0, false};
       const auto t = Clock::now();
-      fp.run({&item, 1});
+      fp->run({&item, 1});
       best = std::max(best, n / seconds_since(t));
     }
     return best;
@@ -66,13 +83,14 @@ struct Bench {
   // context each, then `steps` decode steps of one token per sequence.
   double decode(int batch, int ctx, int steps) {
     KvCache cache(cache_config());
-    ForwardPass fp(model, cache, pool, precision);
+    const auto fp = pass(cache);
+    const size_t n_vocab = size_t(model.config().n_vocab);
     std::vector<int32_t> next(static_cast<size_t>(batch));
     for (int b = 0; b < batch; ++b) {
       cache.add_sequence(b);
       const auto ids = bench_tokens(ctx, model.config().n_vocab, uint32_t(b + 7));
       BatchItem item{b, ids, 0, false};
-      next[size_t(b)] = argmax(fp.run({&item, 1}));
+      next[size_t(b)] = argmax(fp->run({&item, 1}));
     }
     double best = 0.0;
     int pos = ctx;
@@ -81,10 +99,8 @@ struct Bench {
       for (int s = 0; s < steps; ++s, ++pos) {
         std::vector<BatchItem> items;
         for (int b = 0; b < batch; ++b) items.push_back({b, {&next[size_t(b)], 1}, pos, false});
-        const auto logits = fp.run(items);
-        for (int b = 0; b < batch; ++b) {
-          next[size_t(b)] = argmax(logits.subspan(size_t(b) * size_t(fp.n_vocab()), size_t(fp.n_vocab())));
-        }
+        const auto logits = fp->run(items);
+        for (int b = 0; b < batch; ++b) next[size_t(b)] = argmax(logits.subspan(size_t(b) * n_vocab, n_vocab));
       }
       best = std::max(best, double(batch) * steps / seconds_since(t));
     }
@@ -100,19 +116,19 @@ struct Bench {
   PolicyRun decode_with_policy(const PolicyConfig& config, int ctx, int steps) {
     const ModelConfig& c = model.config();
     KvCache cache(cache_config());
-    ForwardPass fp(model, cache, pool, precision);
+    const auto fp = pass(cache);
     auto policy = make_policy(config, policy_shape(c, ctx, ctx + steps));
     cache.add_sequence(0, policy->heads_per_layer());
     const auto ids = bench_tokens(ctx, c.n_vocab, 11);
     BatchItem item{0, ids, 0, false, policy.get()};
-    int32_t next = argmax(fp.run({&item, 1}));
-    const double eviction_s0 = fp.eviction_seconds(), policy_s0 = policy->policy_seconds();
+    int32_t next = argmax(fp->run({&item, 1}));
+    const double eviction_s0 = fp->eviction_seconds(), policy_s0 = policy->policy_seconds();
     const auto t = Clock::now();
     for (int s = 0; s < steps; ++s) {
       item = BatchItem{0, {&next, 1}, ctx + s, false, policy.get()};
-      next = argmax(fp.run({&item, 1}));
+      next = argmax(fp->run({&item, 1}));
     }
-    return {seconds_since(t), fp.eviction_seconds() - eviction_s0, policy->policy_seconds() - policy_s0,
+    return {seconds_since(t), fp->eviction_seconds() - eviction_s0, policy->policy_seconds() - policy_s0,
             policy->peak_slots()};
   }
 };
@@ -157,6 +173,8 @@ int run_bench(const std::vector<std::string>& args) {
   flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
       .add("threads", "0", "CPU threads; 0 is all cores")
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
+      .add("device", "cpu", "where the forward pass runs: cpu or cuda")
+      .add("cuda-device", "-1", "with --device cuda: the CUDA device (-1: the first)")
       .add("reps", "3", "repetitions; the best is reported")
       .add("prefill-tokens", "512", "prompt length of the prefill measurement")
       .add("decode-steps", "64", "decode steps per measurement")
@@ -168,9 +186,12 @@ int run_bench(const std::vector<std::string>& args) {
     return 0;
   }
   configure_tiers_from_flags(flags);
+  const ComputeDevice device = parse_compute_device(flags.get("device"));
+  const int cuda_device = check_compute_device(device, int(flags.get_int_in("cuda-device", -1, 1 << 20)), 0);
   LoadedModel m = load_model(flags.get("model"));
   ThreadPool pool(int(flags.get_int("threads")));
-  Bench bench{*m.model, pool, parse_activations(flags.get("activations")), std::max(1, int(flags.get_int("reps")))};
+  Bench bench(*m.model, pool, parse_activations(flags.get("activations")), std::max(1, int(flags.get_int("reps"))),
+              device, cuda_device);
   const int steps = std::max(1, int(flags.get_int("decode-steps")));
   const int n_prefill = std::max(1, int(flags.get_int("prefill-tokens")));
 
@@ -178,6 +199,8 @@ int run_bench(const std::vector<std::string>& args) {
   out["model"] = m.model->config().name;
   out["model_path"] = m.model->path();
   out["weight_bytes"] = m.model->weight_bytes();
+  out["device"] = compute_device_name(device);
+  if (cuda_device >= 0) out["cuda_device"] = cuda_device;
   out["threads"] = pool.size();
   out["activations"] = flags.get("activations");
   const PolicyConfig policy = policy_from_flags(flags);

@@ -1,4 +1,5 @@
-// lazykv serve: the coordinator and one in-process CPU worker, serving the
+// lazykv serve: the coordinator and one in-process worker (CPU, or a GPU with
+// --device cuda), serving the
 // OpenAI-compatible HTTP API (and optionally gRPC) until SIGTERM or SIGINT,
 // then draining: no new requests, running ones finish within --drain-seconds,
 // exit 0.
@@ -22,6 +23,7 @@ int run_serve(const std::vector<std::string>& args) {
     return 0;
   }
   const ServiceConfig service = service_config_from_flags(flags, resolve_model_path(flags.get("model")));
+  const int cuda_device = check_device_flags(flags, 0);  // before the model loads: fail fast
   const sigset_t signals = block_termination_signals();
 
   LoadedModel m = load_model(flags.get("model"));
@@ -33,7 +35,8 @@ int run_serve(const std::vector<std::string>& args) {
   ServeOptions options;
   options.role = "serve";
   options.detail = "kv policy " + service.default_policy.to_string() + ", " +
-                   std::to_string(worker_options.kv_capacity_bytes >> 20) + " MiB KV cache";
+                   std::to_string(worker_options.kv_capacity_bytes >> 20) + " MiB KV cache" +
+                   (cuda_device >= 0 ? ", forward pass on CUDA device " + std::to_string(cuda_device) : "");
   return serve_until_signal(flags, signals, *m.tokenizer, scheduler, registry, service, options);
 }
 

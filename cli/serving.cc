@@ -78,11 +78,19 @@ void add_local_worker_flags(Flags& flags) {
       .add("threads", "0", "CPU threads for the model; 0 is all cores")
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style)")
       .add("ctx", "0", "context limit per sequence in tokens; 0 is the model's training context")
-      .add("kv-cache-mib", "1024", "KV cache capacity in MiB (all sequences together)");
+      .add("kv-cache-mib", "1024", "KV cache capacity in MiB (all sequences together)")
+      .add("device", "cpu", "where the forward pass runs: cpu, or cuda (a GPU; needs a build with the CUDA toolkit)")
+      .add("cuda-device", "-1",
+           "with --device cuda or --collective nccl: this rank's CUDA device (-1: rank modulo the devices)");
   add_tier_flags(flags);
 }
 
-LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer) {
+int check_device_flags(const Flags& flags, int rank) {
+  return check_compute_device(parse_compute_device(flags.get("device")),
+                              int(flags.get_int_in("cuda-device", -1, kMaxInt32)), rank);
+}
+
+LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer, int rank) {
   const int64_t kv_mib = flags.get_int_in("kv-cache-mib", 1, int64_t(1) << 30);  // up to 1 PiB
   configure_tiers_from_flags(flags);
   LocalWorkerOptions options;
@@ -91,6 +99,8 @@ LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tok
   options.n_vocab = tokenizer.n_vocab();
   options.kv_capacity_bytes = size_t(kv_mib) << 20;
   options.precision = parse_activations(flags.get("activations"));
+  options.device = parse_compute_device(flags.get("device"));
+  options.cuda_device = check_device_flags(flags, rank);
   return options;
 }
 

@@ -25,10 +25,14 @@ void add_serving_flags(Flags& flags);
 ServiceConfig service_config_from_flags(const Flags& flags, const std::string& model_path);
 SchedulerOptions scheduler_options_from_flags(const Flags& flags);
 
-// --model, --threads, --activations, --ctx, --kv-cache-mib: the model a worker runs.
+// --model, --threads, --activations, --ctx, --kv-cache-mib, --device,
+// --cuda-device: the model a worker runs, and where.
 void add_local_worker_flags(Flags& flags);
+// --device and --cuda-device checked before a model loads (check_compute_device):
+// the CUDA device rank `rank` will use, -1 for the CPU.
+int check_device_flags(const Flags& flags, int rank);
 // Error(kInvalidArgument) for out-of-range values; n_vocab from the tokenizer.
-LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer);
+LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tokenizer& tokenizer, int rank = 0);
 
 // Blocks SIGTERM and SIGINT in this thread and every thread started after it
 // (so only sigwait sees them) and ignores SIGPIPE. Call before any thread starts.

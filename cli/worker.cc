@@ -34,8 +34,7 @@ int run_worker(const std::vector<std::string>& args) {
       .add("world", "1", "ranks in the tensor-parallel group (each holds its share of the heads and MLP)")
       .add("tp-host", "127.0.0.1", "with --world > 1: the address this rank's peers reach it on (Gloo)")
       .add("collective", "gloo",
-           "the tensor-parallel all-reduce: gloo (TCP) or nccl (through this rank's CUDA device; every rank the same)")
-      .add("cuda-device", "-1", "with --collective nccl: this rank's CUDA device (-1: rank modulo the devices)");
+           "the tensor-parallel all-reduce: gloo (TCP) or nccl (through this rank's CUDA device; every rank the same)");
   flags.parse(args);
   if (flags.help_requested()) {
     std::fputs(flags.usage().c_str(), stdout);
@@ -53,11 +52,12 @@ int run_worker(const std::vector<std::string>& args) {
   group_spec.cuda_device = int(flags.get_int("cuda-device"));
   // Before the model loads: fail fast. One rank joins no group, so needs none.
   const int cuda_device = world > 1 ? check_collective(group_spec) : -1;
+  const int forward_device = check_device_flags(flags, int(rank));
   const auto [host, port] = parse_host_port(flags.get("listen"), "--listen");
   const sigset_t signals = block_termination_signals();
 
   LoadedModel m = load_model(flags.get("model"));
-  const LocalWorkerOptions options = local_worker_options_from_flags(flags, *m.tokenizer);
+  const LocalWorkerOptions options = local_worker_options_from_flags(flags, *m.tokenizer, int(rank));
   // The group forms when the coordinator connects (JoinGroup), and again
   // when it asks after a rank restarted; until then steps are refused.
   GroupMembership membership{int(rank), int(world)};
@@ -87,6 +87,7 @@ int run_worker(const std::vector<std::string>& args) {
   std::printf("lazykv worker: listening on %s:%d\n", shown_host.c_str(), bound_port);
   std::printf("lazykv worker: rank %lld of %lld, n_ctx %d, %lld MiB KV cache\n", static_cast<long long>(rank),
               static_cast<long long>(world), worker.info().n_ctx, static_cast<long long>(options.kv_capacity_bytes >> 20));
+  if (forward_device >= 0) std::printf("lazykv worker: forward pass on CUDA device %d\n", forward_device);
   if (world > 1) {
     if (cuda_device >= 0) {
       std::printf("lazykv worker: all-reduce over nccl on CUDA device %d\n", cuda_device);

@@ -1,13 +1,13 @@
 #include "worker/forward.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <string>
 
 #include "common/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
+#include "worker/forward_batch.h"
 
 namespace lazykv {
 namespace {
@@ -108,66 +108,18 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   const int64_t kv_dim = int64_t(KV) * D;
 
   if (batch.empty()) return {};
-  for (size_t i = 0; i < batch.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (batch[j].seq == batch[i].seq) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "forward: sequence " + std::to_string(batch[i].seq) + " appears twice in one batch");
-      }
-    }
-  }
-  // Token rows: item i owns rows [row0[i], row0[i] + tokens.size()).
-  std::vector<int64_t> row0(batch.size() + 1, 0);
-  int64_t n_logit_rows = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].tokens.empty()) throw Error(ErrorCode::kInvalidArgument, "forward: empty batch item");
-    for (int32_t t : batch[i].tokens) {
-      if (t < 0 || t >= c.n_vocab) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "forward: token id " + std::to_string(t) + " outside vocabulary of " + std::to_string(c.n_vocab));
-      }
-    }
-    row0[i + 1] = row0[i] + int64_t(batch[i].tokens.size());
-    n_logit_rows += batch[i].all_logits ? int64_t(batch[i].tokens.size()) : 1;
-  }
-  const int64_t T = row0.back();
-
-  for (const BatchItem& item : batch) {
-    if (item.policy == nullptr) continue;
-    item.policy->check_pass(item.start_pos, int32_t(item.tokens.size()));
-    if (item.policy->heads_per_layer() != cache_.heads_per_layer(item.seq)) {
-      throw Error(ErrorCode::kInvalidArgument, "forward: sequence " + std::to_string(item.seq) + " caches " +
-                                                   std::to_string(cache_.heads_per_layer(item.seq)) +
-                                                   " heads per layer but its policy needs " +
-                                                   std::to_string(item.policy->heads_per_layer()));
-    }
-  }
-  // Reserve KV room for every item before any change, so a full cache fails
-  // cleanly (pages reserved for earlier items simply stay with them).
+  const BatchRows rows = check_batch(batch, c, cache_);
+  const std::vector<int64_t>& row0 = rows.row0;
+  const int64_t n_logit_rows = rows.n_logit_rows;
+  const int64_t T = rows.tokens();
   int32_t max_slots = 0;
   for (const BatchItem& item : batch) {
     max_slots = std::max(max_slots, cache_.max_slots(item.seq) + int32_t(item.tokens.size()));
   }
   ensure_buffers(T, n_logit_rows, max_slots);
-  if (group_.world() == 1) {
-    for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
-  } else {
-    // Every rank runs the pass or none does: a rank that went ahead alone
-    // would wait in the all-reduce for the others.
-    float full = 0;
-    std::string why;
-    try {
-      for (const BatchItem& item : batch) cache_.reserve(item.seq, int(item.tokens.size()));
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kOutOfMemory) throw;
-      full = 1;
-      why = e.what();
-    }
-    group_.all_reduce_sum(&full, 1);
-    if (full > 0) {
-      throw Error(ErrorCode::kOutOfMemory, why.empty() ? "forward: another tensor-parallel rank's KV cache is full" : why);
-    }
-  }
+  // Reserve KV room for every item before any change, so a full cache fails
+  // cleanly (pages reserved for earlier items simply stay with them).
+  reserve_batch(batch, cache_, group_);
   // Nothing below throws before the appends, so policies and cache stay in step.
   for (const BatchItem& item : batch) {
     if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
@@ -297,20 +249,7 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   matmul(model_.output(), xn_.data(), n_logit_rows, logits_.data());
 
   // Eviction, after attention saw the full cache: every (item, layer) apart.
-  std::vector<size_t> with_policy;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].policy != nullptr) with_policy.push_back(i);
-  }
-  const auto evict_start = std::chrono::steady_clock::now();
-  pool_.parallel_for(int64_t(with_policy.size()) * c.n_layer, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      const BatchItem& item = batch[with_policy[size_t(u / c.n_layer)]];
-      item.policy->end_step(int(u % c.n_layer), cache_, item.seq);
-    }
-  });
-  if (!with_policy.empty()) {
-    eviction_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - evict_start).count();
-  }
+  eviction_seconds_ += end_policy_steps(batch, c.n_layer, cache_, pool_);
   return {logits_.data(), size_t(n_logit_rows) * size_t(c.n_vocab)};
 }
 

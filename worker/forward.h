@@ -30,7 +30,19 @@ struct BatchItem {
   EvictionPolicy* policy = nullptr;
 };
 
-class ForwardPass {
+// What a worker needs of a forward pass, whichever device runs it: ForwardPass
+// here on the CPU, CudaForwardPass (worker/cuda) on a GPU. Both take the same
+// batches, keep the KV in the same KvCache and drive the same policies.
+class ForwardBackend {
+ public:
+  virtual ~ForwardBackend() = default;
+  // Logits [rows][n_vocab], rows as ForwardPass::run says; valid until the next call.
+  virtual std::span<const float> run(std::span<const BatchItem> batch) = 0;
+  // Wall seconds in the policies' end_step over all runs.
+  virtual double eviction_seconds() const = 0;
+};
+
+class ForwardPass final : public ForwardBackend {
  public:
   // precision: kF32 (exact, the default) or kInt8 (llama.cpp-style 8-bit
   // activations); see kernels/cpu/matmul.h.
@@ -46,14 +58,14 @@ class ForwardPass {
   // rows for items with all_logits, else 1. Valid until the next call.
   // Throws Error(kOutOfMemory) if the KV cache is full (nothing appended then),
   // Error(kInvalidArgument) for token ids outside the vocabulary.
-  std::span<const float> run(std::span<const BatchItem> batch);
+  std::span<const float> run(std::span<const BatchItem> batch) override;
 
   int n_vocab() const { return model_.config().n_vocab; }
   const ModelShard& shard() const { return shard_; }
   // Wall seconds spent in the policies' end_step (statistics upkeep, scoring,
   // selection, compaction) over all runs; layers run in parallel, so this is
   // less than the sum of the policies' own CPU time.
-  double eviction_seconds() const { return eviction_seconds_; }
+  double eviction_seconds() const override { return eviction_seconds_; }
 
  private:
   void ensure_buffers(int64_t n_tokens, int64_t n_logit_rows, int32_t max_slots);

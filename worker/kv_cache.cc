@@ -18,6 +18,7 @@ KvCache::KvCache(const KvCacheConfig& config)
   // Chunk pointers never move, so page pointers may be read while another
   // head takes a page (reserve_head runs concurrently across heads).
   chunks_.reserve(kMaxChunks);
+  written_flags_.reserve(kMaxChunks);
 }
 
 KvCache::~KvCache() = default;
@@ -98,6 +99,7 @@ int32_t KvCache::take_page_locked() {
     // minutes as decode first touches pages the pool already held, and no
     // page faults land inside the attention kernels.
     chunks_.push_back(std::make_unique<uint8_t[]>(page_bytes_ * kPagesPerChunk));
+    written_flags_.push_back(std::make_unique<std::atomic<uint8_t>[]>(kPagesPerChunk));  // zeroed
     pool_pages_ += kPagesPerChunk;
     for (int32_t p = int32_t(pool_pages_) - 1; p >= first; --p) free_pages_.push_back(p);
   }
@@ -111,6 +113,27 @@ void KvCache::give_page(int32_t page) {
   std::lock_guard<std::mutex> lock(pool_mutex_);
   free_pages_.push_back(page);
   --pages_in_use_;
+}
+
+void KvCache::track_written_pages() { track_written_ = true; }
+
+void KvCache::mark_written(int32_t page) {
+  if (!track_written_) return;
+  std::atomic<uint8_t>& flag = written_flags_[size_t(page) / kPagesPerChunk][size_t(page) % kPagesPerChunk];
+  if (flag.load(std::memory_order_relaxed) != 0 || flag.exchange(1) != 0) return;
+  std::lock_guard<std::mutex> lock(written_mutex_);
+  written_.push_back(page);
+}
+
+void KvCache::take_written_pages(std::vector<int32_t>& pages) {
+  std::lock_guard<std::mutex> lock(written_mutex_);
+  pages.clear();
+  pages.swap(written_);
+  for (int32_t p : pages) written_flags_[size_t(p) / kPagesPerChunk][size_t(p) % kPagesPerChunk].store(0);
+}
+
+std::span<const int32_t> KvCache::page_ids(SeqId seq, int layer, int kv_head) const {
+  return head(seq, layer, kv_head).pages;
 }
 
 void KvCache::reserve(SeqId seq, int n_new) {
@@ -193,6 +216,7 @@ void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint1
   for (int d = 0; d < config_.head_dim; ++d) keys[size_t(d) * config_.page_slots + in_page] = k[d];
   std::memcpy(page_values(page) + in_page * config_.head_dim, v, config_.head_dim * sizeof(uint16_t));
   h.positions.push_back(pos);
+  mark_written(page);
 }
 
 int32_t KvCache::max_slots(SeqId seq) const {
@@ -239,6 +263,7 @@ void KvCache::compact(SeqId seq, int layer, int kv_head, std::span<const int32_t
     uint16_t* dk = page_keys(dp);
     for (size_t d = 0; d < row; ++d) dk[d * config_.page_slots + di] = sk[d * config_.page_slots + si];
     std::memcpy(page_values(dp) + di * row, page_values(sp) + si * row, row * sizeof(uint16_t));
+    mark_written(dp);
     h.positions[dst] = h.positions[size_t(src)];
   }
   h.positions.resize(keep.size());

@@ -6,6 +6,7 @@
 // against a fixed capacity.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,24 @@ class KvCache {
   // call concurrently for different heads (eviction runs layers in parallel).
   void compact(SeqId seq, int layer, int kv_head, std::span<const int32_t> keep);
 
+  // --- page access, for a mirror of the pool in device memory ---
+  // A page is page_bytes() bytes: keys [head_dim][page_slots] f16, then values
+  // [page_slots][head_dim] f16 at values_offset() (the cpu::KvPages layout).
+  size_t values_offset() const { return size_t(config_.page_slots) * config_.head_dim * sizeof(uint16_t); }
+  // Pages the pool holds (ids are 0 .. pool_pages() - 1; the pool only grows).
+  size_t pool_pages() const { return pool_pages_; }
+  const uint8_t* page_data(int32_t page) const { return reinterpret_cast<const uint8_t*>(page_keys(page)); }
+  // The pages of one (layer, cache head), in slot order: slot s lives in
+  // page_ids[s / page_slots] at s % page_slots.
+  std::span<const int32_t> page_ids(SeqId seq, int layer, int kv_head) const;
+  // From this call on, every page that append() or compact() writes is
+  // recorded, so a mirror can copy just those (a page taken but not yet
+  // written holds nothing a reader may see).
+  void track_written_pages();
+  // The pages written since the last call (each once, any order); clears the record.
+  // Not concurrent with writers.
+  void take_written_pages(std::vector<int32_t>& pages);
+
   size_t page_bytes() const { return page_bytes_; }
   size_t bytes_used() const { return pages_in_use_ * page_bytes_; }
   // Bytes of K/V data in live slots (what a policy's budget is measured in).
@@ -102,6 +121,7 @@ class KvCache {
   int32_t take_page();
   int32_t take_page_locked();  // pool_mutex_ held
   void give_page(int32_t page);
+  void mark_written(int32_t page);
   uint16_t* page_keys(int32_t page) const;
   uint16_t* page_values(int32_t page) const;
 
@@ -115,6 +135,13 @@ class KvCache {
   size_t pool_pages_ = 0;
   size_t pages_in_use_ = 0;
   std::unordered_map<SeqId, Sequence> seqs_;
+  // Written-page record (track_written_pages): a flag per page, one chunk of
+  // flags per chunk of pages (stable addresses, like chunks_), and the list of
+  // pages whose flag went up, under written_mutex_.
+  bool track_written_ = false;
+  std::vector<std::unique_ptr<std::atomic<uint8_t>[]>> written_flags_;
+  std::mutex written_mutex_;
+  std::vector<int32_t> written_;
 };
 
 }  // namespace lazykv

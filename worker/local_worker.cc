@@ -30,7 +30,8 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
       group_(group),
       shard_(model, group.rank(), group.world()),
       cache_({model.config().n_layer, shard_.config().n_head_kv, model.config().head_dim, 64, options.kv_capacity_bytes}),
-      forward_(shard_, group_, cache_, pool_, options.precision) {
+      forward_(make_forward_backend(options.device, options.cuda_device, shard_, group_, cache_, pool_,
+                                    options.precision)) {
   if (options_.n_ctx <= 0) options_.n_ctx = model.config().n_ctx_train;
   if (options_.n_vocab <= 0 || options_.n_vocab > model.config().n_vocab) options_.n_vocab = model.config().n_vocab;
 }
@@ -175,7 +176,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
 
   std::span<const float> logits;
   try {
-    logits = forward_.run(items);
+    logits = forward_->run(items);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfMemory) throw;
     result.out_of_memory = true;  // nothing was appended; no sequence advanced

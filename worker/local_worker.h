@@ -1,5 +1,6 @@
 // The in-process worker of `lazykv serve`: the whole model on this machine's
-// CPU, one KV cache, one forward pass per step over every scheduled sequence.
+// CPU (or one CUDA GPU, LocalWorkerOptions::device), one KV cache, one forward
+// pass per step over every scheduled sequence.
 // In a tensor-parallel group (`lazykv worker --world N`) it is one rank: its
 // shard of the model and the KV cache of its heads; every rank gets the same
 // plans and samples the same tokens (the logits are whole on every rank), and
@@ -10,6 +11,7 @@
 #include <unordered_map>
 
 #include "common/thread_pool.h"
+#include "worker/compute_device.h"
 #include "worker/forward.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
@@ -23,7 +25,9 @@ struct LocalWorkerOptions {
   int32_t n_ctx = 0;                // 0: the model's training context
   int32_t n_vocab = 0;              // samplable vocabulary (the tokenizer's); 0: the model's
   size_t kv_capacity_bytes = 0;     // 0: unbounded
-  cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32;
+  cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32;  // the CPU pass's matmuls
+  ComputeDevice device = ComputeDevice::kCpu;
+  int cuda_device = 0;              // with kCuda: as check_compute_device returned it
 };
 
 class LocalWorker final : public StepExecutor {
@@ -61,7 +65,7 @@ class LocalWorker final : public StepExecutor {
   TensorParallelGroup& group_;
   ModelShard shard_;
   KvCache cache_;
-  ForwardPass forward_;
+  std::unique_ptr<ForwardBackend> forward_;
   std::unordered_map<SeqId, Sequence> seqs_;
   std::vector<int32_t> top_ids_;  // fill_logprobs scratch
 };

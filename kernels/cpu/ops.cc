@@ -203,6 +203,8 @@ void weighted_values(const float* probs, int64_t row_stride, const KvPages& kv, 
 }
 #endif
 
+}  // namespace
+
 void record_stats(const float* p, int32_t n, const AttentionStats& stats) {
   if (stats.hits != nullptr) {
     for (int32_t s = 0; s < n; ++s) stats.hits[s] |= uint8_t(p[s] >= stats.alpha);
@@ -211,8 +213,6 @@ void record_stats(const float* p, int32_t n, const AttentionStats& stats) {
     for (int32_t s = 0; s < n; ++s) stats.attn_sum[s] += p[s];
   }
 }
-
-}  // namespace
 
 void attention_logits(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
                       float* scores) {

@@ -51,6 +51,11 @@ struct AttentionStats {
   float* attn_sum = nullptr;  // [n_slots]: += sum over the group of p (null: off)
 };
 
+// Adds one query's probabilities p[n] to the statistics (what attention_group
+// does for each row): for a backend whose kernel leaves the probabilities
+// behind and whose policies run on the host.
+void record_stats(const float* p, int32_t n, const AttentionStats& stats);
+
 // q: [n_group][head_dim] f32; out: [n_group][head_dim] f32;
 // scores: scratch [n_group][n_slots] f32, left holding the probabilities;
 // lse: [n_group] receives each row's log-sum-exp (may be null);

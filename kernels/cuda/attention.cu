@@ -1,7 +1,9 @@
-// Decode attention of one query group over paged f16 KV, in three launches
-// that mirror cpu::attention_group: scores (one warp per slot, the group's
-// queries in shared memory so each key row is read once), a row softmax that
-// leaves the probabilities in place, and the weighted sum of V.
+// Attention over paged f16 KV, mirroring cpu::attention_group.
+// attention_group: one query group in three launches: scores (one warp per
+// slot, the group's queries in shared memory so each key row is read once), a
+// row softmax that leaves the probabilities in place, and the weighted sum of V.
+// attention_units: many groups (a pass's every token and cache head) in one
+// launch, a block per group.
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
@@ -49,17 +51,15 @@ __global__ void scores_kernel(const float* __restrict__ q, int n_group, int head
   }
 }
 
-// One block per query row: in-place softmax, log-sum-exp to lse[g].
-__global__ void softmax_kernel(float* scores, int64_t n, float* lse) {
-  __shared__ float scratch[32];
-  float* row = scores + blockIdx.x * n;
+// In-place softmax of row[n] by the whole block; returns the log-sum-exp to
+// every thread. An empty or fully masked row becomes zeros, lse -inf.
+__device__ float block_softmax(float* row, int64_t n, float* scratch) {
   float max = -INFINITY;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) max = fmaxf(max, row[i]);
   max = block_max(max, scratch);
   if (max == -INFINITY) {  // everything masked: no attention at all
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) row[i] = 0.0f;
-    if (lse != nullptr && threadIdx.x == 0) lse[blockIdx.x] = -INFINITY;
-    return;
+    return -INFINITY;
   }
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -70,7 +70,14 @@ __global__ void softmax_kernel(float* scores, int64_t n, float* lse) {
   sum = block_sum(sum, scratch);
   const float inv = 1.0f / sum;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) row[i] *= inv;
-  if (lse != nullptr && threadIdx.x == 0) lse[blockIdx.x] = max + logf(sum);
+  return max + logf(sum);
+}
+
+// One block per query row: in-place softmax, log-sum-exp to lse[g].
+__global__ void softmax_kernel(float* scores, int64_t n, float* lse) {
+  __shared__ float scratch[32];
+  const float l = block_softmax(scores + blockIdx.x * n, n, scratch);
+  if (lse != nullptr && threadIdx.x == 0) lse[blockIdx.x] = l;
 }
 
 // One block per query row; warp w sums slots w, w + kWarps, ... into its own
@@ -96,7 +103,68 @@ __global__ void weighted_values_kernel(const float* __restrict__ probs, int head
   }
 }
 
+// One block per unit. Dynamic shared memory: q [max_group, head_dim], then
+// the warps' partial value sums [kWarps, head_dim].
+__global__ void attention_units_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
+                                       int32_t page_slots, float scale) {
+  extern __shared__ float shared[];
+  __shared__ float scratch[32];
+  const AttentionUnit u = units[blockIdx.x];
+  float* q = shared;
+  float* partial = shared + max_group * head_dim;
+  const int n_group = u.n_group;
+  const int32_t n = u.n_slots;
+  for (int i = threadIdx.x; i < n_group * head_dim; i += blockDim.x) q[i] = u.q[i];
+  __syncthreads();
+  // Scores: a thread per slot, so a warp reads 32 neighbouring slots of each
+  // key row of a page (keys are [head_dim][page_slots] within a page).
+  for (int32_t s = threadIdx.x; s < n; s += blockDim.x) {
+    const uint16_t* kp = u.keys[s / page_slots] + s % page_slots;
+    for (int g = 0; g < n_group; ++g) {
+      const float* qg = q + g * head_dim;
+      float dot = 0.0f;
+      for (int d = 0; d < head_dim; ++d) dot = fmaf(qg[d], f16_bits_to_float(kp[int64_t(d) * page_slots]), dot);
+      u.probs[int64_t(g) * n + s] = scale * dot;
+    }
+  }
+  __syncthreads();  // the block's global writes are visible to the block after this
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  for (int g = 0; g < n_group; ++g) {
+    float* row = u.probs + int64_t(g) * n;
+    block_softmax(row, n, scratch);
+    __syncthreads();
+    // out[g] = Σ p_s v_s: warp w sums slots w, w + kWarps, ... into its partial row.
+    float* mine = partial + warp * head_dim;
+    for (int d = lane; d < head_dim; d += kWarpSize) mine[d] = 0.0f;
+    for (int32_t s = warp; s < n; s += kWarps) {
+      const float w = row[s];
+      if (w == 0.0f) continue;
+      const uint16_t* v = slot_row(u.values, page_slots, s, head_dim);
+      for (int d = lane; d < head_dim; d += kWarpSize) mine[d] = fmaf(w, f16_bits_to_float(v[d]), mine[d]);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+      float total = 0.0f;
+      for (int i = 0; i < kWarps; ++i) total += partial[i * head_dim + d];
+      u.out[int64_t(g) * head_dim + d] = total;
+    }
+    __syncthreads();  // partial is reused by the next query
+  }
+}
+
 }  // namespace
+
+void attention_units(const AttentionUnit* units, int64_t n_units, int max_group, int head_dim, int32_t page_slots,
+                     float scale, cudaStream_t stream) {
+  require(n_units >= 0 && max_group > 0 && head_dim > 0 && page_slots > 0, "cuda::attention_units: bad shape");
+  require(n_units <= 0x7fffffff, "cuda::attention_units: too many units for one launch");
+  const size_t shared_bytes = (size_t(max_group) + kWarps) * size_t(head_dim) * sizeof(float);
+  require(shared_bytes <= 48 * 1024, "cuda::attention_units: group too large");
+  if (n_units == 0) return;
+  attention_units_kernel<<<static_cast<unsigned>(n_units), kThreads, shared_bytes, stream>>>(units, max_group,
+                                                                                             head_dim, page_slots, scale);
+  LAZYKV_CUDA_CHECK_LAUNCH();
+}
 
 void attention_group(const float* q, int n_group, int head_dim, const KvPages& kv, int64_t max_pos, float scale,
                      float* probs, float* out, float* lse, cudaStream_t stream) {

@@ -1,4 +1,7 @@
 // Device discovery.
+#include <string>
+
+#include "common/error.h"
 #include "kernels/cuda/ops.h"
 
 namespace lazykv::cuda {
@@ -10,6 +13,17 @@ bool cuda_device_available() {
     return false;
   }
   return count > 0;
+}
+
+int usable_device_count() {
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    throw Error(ErrorCode::kUnavailable, std::string("no CUDA device is usable (") + cudaGetErrorName(e) + ": " +
+                                             cudaGetErrorString(e) + ")");
+  }
+  if (count < 1) throw Error(ErrorCode::kUnavailable, "no CUDA device is usable (0 devices)");
+  return count;
 }
 
 }  // namespace lazykv::cuda

@@ -1,5 +1,7 @@
-// A typed, owning, move-only buffer of device memory, plus the host<->device
-// copies tests and callers need. Header-only so plain C++ code can use it.
+// Typed, owning, move-only buffers: DeviceBuffer (device memory, plus the
+// host<->device copies tests and callers need) and PinnedBuffer (page-locked
+// host memory, which asynchronous copies need). Header-only so plain C++ code
+// can use them.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -72,5 +74,50 @@ class DeviceBuffer {
   T* data_ = nullptr;
   size_t count_ = 0;
 };
+
+// Page-locked host memory that grows on demand (contents are not kept).
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { reset(); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  // At least `count` elements; reallocates (dropping the contents) when smaller.
+  T* reserve(size_t count) {
+    if (count > count_) {
+      reset();
+      // Grow by half again, so a slowly growing batch does not reallocate every step.
+      const size_t want = count + count / 2;
+      LAZYKV_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&data_), want * sizeof(T), cudaHostAllocDefault));
+      count_ = want;
+    }
+    return data_;
+  }
+  T* data() { return data_; }
+  size_t size() const { return count_; }
+
+  void reset() noexcept {
+    if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
+    data_ = nullptr;
+    count_ = 0;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+// At least `count` elements of device memory in `buffer`, reallocated (contents
+// dropped) when it is smaller, with headroom like PinnedBuffer.
+template <class T>
+T* reserve_device(DeviceBuffer<T>& buffer, size_t count) {
+  if (buffer.size() < count) {
+    buffer.reset();
+    buffer = DeviceBuffer<T>(count + count / 2);
+  }
+  return buffer.data();
+}
 
 }  // namespace lazykv::cuda

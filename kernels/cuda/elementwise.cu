@@ -40,6 +40,12 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
   }
 }
 
+__global__ void add_rows_kernel(float* x, const float* __restrict__ bias, int64_t total, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    x[i] += bias[i % n];
+  }
+}
+
 __global__ void to_f16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     y[i] = __half_as_ushort(__float2half_rn(x[i]));
@@ -90,6 +96,13 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream) {
   require(n >= 0, "add_inplace: bad shape");
   if (n == 0) return;
   add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  LAZYKV_CUDA_CHECK_LAUNCH();
+}
+
+void add_rows(float* x, const float* bias, int64_t n_rows, int64_t n, cudaStream_t stream) {
+  require(n_rows >= 0 && n > 0, "add_rows: bad shape");
+  if (n_rows == 0) return;
+  add_rows_kernel<<<grid_for(n_rows * n, kThreads), kThreads, 0, stream>>>(x, bias, n_rows * n, n);
   LAZYKV_CUDA_CHECK_LAUNCH();
 }
 

@@ -19,6 +19,10 @@ namespace lazykv::cuda {
 // there is no driver, no device, or the query fails).
 bool cuda_device_available();
 
+// The number of usable CUDA devices (>= 1); throws Error(kUnavailable) saying
+// why there is none (no driver, no device: the runtime's own words).
+int usable_device_count();
+
 // ---- elementwise and normalisation --------------------------------------
 
 // y[r] = x[r] / rms(x[r]) * weight, for each row r. x and y may alias.
@@ -37,6 +41,11 @@ void silu_mul(const float* gate,  // [n]
 void add_inplace(float* x,        // [n]
                  const float* y,  // [n]
                  int64_t n, cudaStream_t stream);
+
+// x[r] += bias for every row r (a layer's bias on a batch of rows).
+void add_rows(float* x,           // [n_rows, n]
+              const float* bias,  // [n]
+              int64_t n_rows, int64_t n, cudaStream_t stream);
 
 // f32 -> f16 (round to nearest even), e.g. to append K/V to the cache.
 void to_f16(const float* x,  // [n]
@@ -91,10 +100,19 @@ void matmul(const WeightMatrix& w,
 
 // ---- attention -----------------------------------------------------------------
 
+// ---- KV pages -------------------------------------------------------------------
+
+// Page i of `staged` to dst[i], for i < n_pages: the pages a host pool wrote,
+// staged together and placed into its device mirror by one launch.
+// page_bytes a multiple of 16; every address 16-byte aligned.
+void scatter_pages(const uint8_t* staged,  // [n_pages, page_bytes]
+                   uint8_t* const* dst,    // [n_pages] -> [page_bytes]
+                   int64_t n_pages, int64_t page_bytes, cudaStream_t stream);
+
 // Paged f16 KV of one KV head (cpu::KvPages with device memory): the page
 // tables themselves are device arrays of device pointers.
 struct KvPages {
-  const uint16_t* const* keys;    // [n_pages] -> [page_slots, head_dim] f16
+  const uint16_t* const* keys;    // [n_pages] -> [head_dim, page_slots] f16 (keys transposed within a page)
   const uint16_t* const* values;  // [n_pages] -> [page_slots, head_dim] f16
   const int32_t* positions;       // [n_slots] token position of each slot
   int32_t n_slots;
@@ -110,6 +128,27 @@ void attention_group(const float* q,  // [n_group, head_dim]
                      float* probs,  // [n_group, kv.n_slots] receives the probabilities
                      float* out,    // [n_group, head_dim]
                      float* lse,    // [n_group] log-sum-exp of each row, or null
+                     cudaStream_t stream);
+
+// One query group over the first n_slots slots of its paged KV: a forward
+// pass's every (token, cache head) in one launch. Causality is a prefix: the
+// slots a token may not see are the ones its own pass appended after it, the
+// last of the table. Every pointer is a device pointer; a unit array built on
+// the host is uploaded as it is.
+struct AttentionUnit {
+  const float* q;                 // [n_group, head_dim]
+  float* out;                     // [n_group, head_dim]
+  float* probs;                   // [n_group, n_slots]: receives the probabilities
+  const uint16_t* const* keys;    // [pages] -> [head_dim, page_slots] f16
+  const uint16_t* const* values;  // [pages] -> [page_slots, head_dim] f16
+  int32_t n_slots;                // visible slots (0: out = 0)
+  int32_t n_group;                // queries, 1 .. max_group
+};
+
+// For each unit: probs[g] = softmax(scale · q[g] · k_s) over its slots,
+// out[g] = Σ_s probs[g][s] · v_s (cpu::attention_group on the prefix).
+void attention_units(const AttentionUnit* units,  // [n_units] in device memory
+                     int64_t n_units, int max_group, int head_dim, int32_t page_slots, float scale,
                      cudaStream_t stream);
 
 }  // namespace lazykv::cuda

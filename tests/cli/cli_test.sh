@@ -73,8 +73,22 @@ else
   # (bounded and on a free port, in case CUDA sees a device after all)
   expect_exit 1 "nccl without a CUDA device" timeout 60 "$lazykv" worker --model "$model" --world 2 --collective nccl \
     --listen 127.0.0.1:0
-  if grep -qE -- "--collective nccl: (NCCL needs a CUDA device, and none is usable|this lazykv was built without NCCL)" \
+  if grep -qE -- "--collective nccl: (no CUDA device is usable|this lazykv was built without NCCL)" \
     "$tmp/err"; then pass "nccl without a CUDA device says why"; else fail "nccl without a CUDA device: $(cat "$tmp/err")"; fi
+fi
+# Where the forward pass runs: an unknown device lists the valid ones; CUDA
+# where it cannot run fails before the model loads, saying why.
+expect_exit 2 "unknown device" "$lazykv" serve --model "$model" --device tpu --port 0
+expect_in "$tmp/err" "unknown device 'tpu': use cpu or cuda" "unknown device lists the valid ones"
+if nvidia-smi -L >/dev/null 2>&1; then
+  pass "cuda without a CUDA device: skipped (this machine has one)"
+else
+  for cmd in serve worker bench; do
+    expect_exit 1 "$cmd --device cuda without a CUDA device" timeout 60 "$lazykv" $cmd --model "$model" --device cuda \
+      $([ $cmd = worker ] && echo --listen 127.0.0.1:0) $([ $cmd = serve ] && echo --port 0)
+    if grep -qE -- "--device cuda: (no CUDA device is usable|this lazykv was built without the CUDA backend)" \
+      "$tmp/err"; then pass "$cmd: cuda without a device says why"; else fail "$cmd --device cuda: $(cat "$tmp/err")"; fi
+  done
 fi
 expect_exit 0 "help" "$lazykv" generate --help
 expect_in "$tmp/out" "--max-tokens" "help lists flags"

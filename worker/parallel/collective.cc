@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "worker/compute_device.h"
 #include "worker/parallel/gloo_group.h"
 #ifdef LAZYKV_HAVE_NCCL
 #include "worker/parallel/nccl/nccl_group.h"
@@ -66,18 +67,7 @@ int check_collective(const GroupSpec& spec) {
     throw Error(ErrorCode::kInvalidArgument, "--cuda-device must be >= 0, or -1 for rank modulo the devices");
   }
 #ifdef LAZYKV_HAVE_NCCL
-  int devices = 0;
-  try {
-    devices = cuda_devices_for_nccl();
-  } catch (const Error& e) {
-    throw Error(e.code(), std::string("--collective nccl: ") + e.what());
-  }
-  if (spec.cuda_device < 0) return spec.rank % devices;
-  if (spec.cuda_device >= devices) {
-    throw Error(ErrorCode::kUnavailable, "--cuda-device " + std::to_string(spec.cuda_device) + " does not exist: " +
-                                             std::to_string(devices) + " CUDA device(s) are usable");
-  }
-  return spec.cuda_device;
+  return pick_cuda_device(spec.cuda_device, spec.rank, "--collective nccl");
 #else
   throw Error(ErrorCode::kUnavailable,
               "--collective nccl: this lazykv was built without NCCL (CMake found no CUDA toolkit with NCCL); "

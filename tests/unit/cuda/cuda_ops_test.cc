@@ -291,6 +291,108 @@ TEST_F(CudaOpsTest, AttentionFullyMaskedGivesZeros) {
   check_attention({2, 64, 20, 16, -1}, 15);
 }
 
+// Several units in one launch, over two heads' pages: prefixes of a head's
+// slots (the causal mask of a prefill chunk), groups of different sizes, and
+// an empty prefix. Each against cpu::attention_group with positions equal to
+// slot indices and max_pos at the prefix's end.
+TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
+  const int head_dim = 64, page_slots = 16, max_group = 4;
+  const int32_t head_slots[2] = {70, 33};
+  std::vector<std::vector<uint16_t>> pages;                    // host pages of both heads
+  std::vector<std::vector<const uint16_t*>> host_keys(2), host_values(2);
+  std::vector<DeviceBuffer<uint16_t>> d_pages;
+  std::vector<const uint16_t*> table;                          // device: head 0 keys, values, head 1 keys, values
+  size_t table_at[2] = {0, 0};
+  for (int h = 0; h < 2; ++h) {
+    const int32_t n_pages = (head_slots[h] + page_slots - 1) / page_slots;
+    std::vector<const uint16_t*> keys, values;
+    for (int32_t p = 0; p < n_pages; ++p) {
+      for (int kind = 0; kind < 2; ++kind) {
+        const auto f = random_floats(size_t(page_slots) * head_dim, uint32_t(500 + 10 * h + 2 * p + kind));
+        std::vector<uint16_t>& page = pages.emplace_back(f.size());
+        cpu::to_f16(f.data(), page.data(), int64_t(f.size()));
+        (kind == 0 ? host_keys : host_values)[size_t(h)].push_back(page.data());
+        (kind == 0 ? keys : values).push_back(d_pages.emplace_back(page).data());
+      }
+    }
+    table_at[h] = table.size();
+    table.insert(table.end(), keys.begin(), keys.end());
+    table.insert(table.end(), values.begin(), values.end());
+  }
+  DeviceBuffer<const uint16_t*> d_table(table);
+  struct Case {
+    int head, n_group;
+    int32_t visible;
+  };
+  const std::vector<Case> cases{{0, 4, 70}, {0, 4, 41}, {1, 1, 33}, {1, 2, 1}, {0, 3, 0}, {1, 4, 17}};
+  std::vector<float> q_all, out_expected, probs_expected;
+  std::vector<size_t> q_at, prob_at;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const auto q = random_floats(size_t(c.n_group) * head_dim, uint32_t(600 + i));
+    q_at.push_back(q_all.size());
+    q_all.insert(q_all.end(), q.begin(), q.end());
+    std::vector<int32_t> positions(static_cast<size_t>(head_slots[c.head]));
+    for (size_t s = 0; s < positions.size(); ++s) positions[s] = int32_t(s);
+    const cpu::KvPages kv{host_keys[size_t(c.head)].data(), host_values[size_t(c.head)].data(), positions.data(),
+                          head_slots[c.head], page_slots};
+    std::vector<float> probs(size_t(c.n_group) * size_t(head_slots[c.head])), out(size_t(c.n_group) * head_dim);
+    cpu::attention_group(q.data(), c.n_group, head_dim, kv, c.visible - 1, 1.0f / 8.0f, probs.data(), out.data(),
+                         nullptr);
+    prob_at.push_back(probs_expected.size());
+    for (int g = 0; g < c.n_group; ++g) {  // the visible prefix of each row
+      const float* row = probs.data() + size_t(g) * size_t(head_slots[c.head]);
+      probs_expected.insert(probs_expected.end(), row, row + c.visible);
+    }
+    out_expected.insert(out_expected.end(), out.begin(), out.end());
+  }
+  DeviceBuffer<float> d_q(q_all), d_out(out_expected.size()), d_probs(std::max<size_t>(probs_expected.size(), 1));
+  std::vector<AttentionUnit> units;
+  size_t out_at = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const size_t n_pages = (size_t(head_slots[c.head]) + page_slots - 1) / page_slots;
+    units.push_back({d_q.data() + q_at[i], d_out.data() + out_at, d_probs.data() + prob_at[i],
+                     d_table.data() + table_at[c.head], d_table.data() + table_at[c.head] + n_pages, c.visible,
+                     c.n_group});
+    out_at += size_t(c.n_group) * head_dim;
+  }
+  DeviceBuffer<AttentionUnit> d_units(units);
+  attention_units(d_units.data(), int64_t(units.size()), max_group, head_dim, page_slots, 1.0f / 8.0f, nullptr);
+  synchronize();
+  expect_close(d_out.to_host(), out_expected, 2e-5f, 2e-5f, "out");
+  auto probs = d_probs.to_host();
+  probs.resize(probs_expected.size());
+  expect_close(probs, probs_expected, 1e-6f, 1e-5f, "probs");
+}
+
+TEST_F(CudaOpsTest, AddRowsAndScatterPages) {
+  const auto x = random_floats(5 * 24, 31), bias = random_floats(24, 32);
+  DeviceBuffer<float> d_x(x), d_bias(bias);
+  add_rows(d_x.data(), d_bias.data(), 5, 24, nullptr);
+  std::vector<float> expected = x;
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] += bias[i % 24];
+  EXPECT_EQ(d_x.to_host(), expected);
+
+  // Three staged pages of 48 bytes into a pool of five, out of order.
+  const int64_t page_bytes = 48;
+  std::vector<uint8_t> staged(3 * page_bytes);
+  for (size_t i = 0; i < staged.size(); ++i) staged[i] = uint8_t(i * 7 + 1);
+  DeviceBuffer<uint8_t> pool(std::vector<uint8_t>(5 * page_bytes, 0)), d_staged(staged);
+  const std::vector<uint8_t*> destinations{pool.data() + 4 * page_bytes, pool.data(), pool.data() + 2 * page_bytes};
+  DeviceBuffer<uint8_t*> d_destinations(destinations);
+  scatter_pages(d_staged.data(), d_destinations.data(), 3, page_bytes, nullptr);
+  synchronize();
+  const auto got = pool.to_host();
+  const int order[5] = {1, -1, 2, -1, 0};  // which staged page each pool page holds
+  for (int p = 0; p < 5; ++p) {
+    for (int64_t b = 0; b < page_bytes; ++b) {
+      const uint8_t want = order[p] < 0 ? 0 : staged[size_t(order[p] * page_bytes + b)];
+      ASSERT_EQ(got[size_t(p * page_bytes + b)], want) << "page " << p << " byte " << b;
+    }
+  }
+}
+
 // ---- no device needed -------------------------------------------------------------------
 
 TEST(CudaCheck, ThrowsInternalErrorNamingTheCall) {
@@ -322,6 +424,9 @@ TEST(CudaOps, RejectsUnsupportedArgumentsBeforeLaunching) {
   expect_invalid([&] { dequantize_rows(DType::kQ4_0, &dummy, &dummy, 1, 33, nullptr); });
   expect_invalid([&] { matmul(WeightMatrix{DType::kQ4_K, 1, 256, &dummy}, &dummy, 1, &dummy, nullptr); });
   expect_invalid([&] { rope(&dummy, nullptr, nullptr, 1, 1, 4, 3, 1.0f, RopeStyle::kNeox, nullptr); });
+  alignas(16) uint8_t page[64] = {};
+  expect_invalid([&] { scatter_pages(page, nullptr, 1, 40, nullptr); });  // not whole 16-byte words
+  expect_invalid([&] { attention_units(nullptr, 1, 256, 128, 16, 1.0f, nullptr); });  // q over shared memory
 }
 
 TEST(DeviceBuffer, EmptyBufferNeedsNoDevice) {

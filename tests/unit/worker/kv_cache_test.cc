@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <set>
 #include <vector>
 
 #include "common/error.h"
@@ -176,6 +179,77 @@ TEST(KvCache, KeysAreSlotContiguousWithinAPageAndSurviveCompaction) {
     EXPECT_EQ(view.keys[0][d * view.page_slots + 1], 200 + d);    // slot 1: token 2
     EXPECT_EQ(view.values[0][1 * 8 + d], 1200 + d);
   }
+}
+
+
+// What a device mirror of the pool relies on: every page append() or
+// compact() writes is reported once, and a copy of just those pages (into a
+// mirror that started as a copy of the pool) equals the pool again.
+TEST(KvCache, ReportsTheWrittenPagesForAMirror) {
+  KvCache cache(small_config());
+  std::vector<int32_t> written;
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 3);  // before tracking: not reported
+  cache.take_written_pages(written);
+  EXPECT_TRUE(written.empty());
+
+  cache.track_written_pages();
+  append_tokens(cache, 1, 3, 6);  // slots 3..8: pages 0, 1, 2 of each head
+  cache.take_written_pages(written);
+  std::set<int32_t> expected;
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      for (int32_t p : cache.page_ids(1, l, h)) expected.insert(p);
+    }
+  }
+  EXPECT_EQ(std::set<int32_t>(written.begin(), written.end()), expected);
+  EXPECT_EQ(written.size(), expected.size()) << "a page is reported once";
+  cache.take_written_pages(written);
+  EXPECT_TRUE(written.empty()) << "taking clears the record";
+
+  // The mirror: a byte copy of every page, then only the written ones.
+  const size_t page_bytes = cache.page_bytes();
+  std::vector<uint8_t> mirror(cache.pool_pages() * page_bytes);
+  auto copy_pages = [&](const std::vector<int32_t>& pages) {
+    for (int32_t p : pages) std::memcpy(mirror.data() + size_t(p) * page_bytes, cache.page_data(p), page_bytes);
+  };
+  std::vector<int32_t> all(cache.pool_pages());
+  for (size_t p = 0; p < all.size(); ++p) all[p] = int32_t(p);
+  copy_pages(all);
+
+  // Compaction of one head rewrites only that head's pages; an append after it too.
+  const std::vector<int32_t> keep{0, 4, 5, 8};
+  cache.compact(1, 1, 0, keep);
+  cache.take_written_pages(written);
+  const auto head_pages = cache.page_ids(1, 1, 0);
+  ASSERT_FALSE(written.empty());
+  for (int32_t p : written) {
+    EXPECT_NE(std::find(head_pages.begin(), head_pages.end(), p), head_pages.end()) << "page " << p;
+  }
+  copy_pages(written);
+  append_tokens(cache, 1, 9, 1);
+  cache.take_written_pages(written);
+  EXPECT_EQ(written.size(), 4u) << "one page per (layer, head)";
+  copy_pages(written);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      const cpu::KvPages view = cache.view(1, l, h);
+      const auto pages = cache.page_ids(1, l, h);
+      for (int32_t s = 0; s < view.n_slots; ++s) {
+        const uint8_t* page = mirror.data() + size_t(pages[size_t(s / view.page_slots)]) * page_bytes;
+        const auto* keys = reinterpret_cast<const uint16_t*>(page);
+        const auto* values = reinterpret_cast<const uint16_t*>(page + cache.values_offset());
+        EXPECT_EQ(keys[5 * view.page_slots + s % view.page_slots], key_at(cache, 1, l, h, s));
+        EXPECT_EQ(values[(s % view.page_slots) * 8 + 7], value_at(cache, 1, l, h, s));
+      }
+    }
+  }
+  // A grown pool's new pages are reported when written.
+  const size_t before = cache.pool_pages();
+  cache.add_sequence(2);
+  while (cache.pool_pages() == before) append_tokens(cache, 2, cache.n_slots(2, 0, 0), 4);
+  cache.take_written_pages(written);
+  EXPECT_TRUE(std::any_of(written.begin(), written.end(), [&](int32_t p) { return size_t(p) >= before; }));
 }
 
 }  // namespace

@@ -25,15 +25,6 @@ constexpr const char* kUniqueIdKey = "lazykv_nccl_unique_id";
 
 }  // namespace
 
-int cuda_devices_for_nccl() {
-  int n = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
-    throw Error(ErrorCode::kUnavailable, "NCCL needs a CUDA device, and none is usable (" + cuda_text(e) + ")");
-  }
-  if (n < 1) throw Error(ErrorCode::kUnavailable, "NCCL needs a CUDA device, and none is usable (0 devices)");
-  return n;
-}
-
 NcclGroup::NcclGroup(const NcclGroupOptions& options, gloo::rendezvous::Store& store)
     : rank_(options.rank), world_(options.world), device_(options.device), timeout_(options.timeout) {
   if (world_ < 1 || rank_ < 0 || rank_ >= world_) {

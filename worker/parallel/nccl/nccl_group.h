@@ -31,10 +31,6 @@ struct NcclGroupOptions {
   std::chrono::milliseconds timeout{30000};
 };
 
-// The CUDA devices this process can give NCCL (at least 1); throws
-// Error(kUnavailable) saying why there are none (no driver, no device).
-int cuda_devices_for_nccl();
-
 class NcclGroup final : public TensorParallelGroup {
  public:
   // Blocks until every rank has initialised its communicator; throws

@@ -1,0 +1,552 @@
+#include "worker/cuda/cuda_forward.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+#include "worker/forward_batch.h"
+#ifdef LAZYKV_HAVE_NCCL
+#include "worker/parallel/nccl/nccl_group.h"
+#endif
+
+namespace lazykv {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::PinnedBuffer;
+using cuda::reserve_device;
+
+// Probabilities one attention wave may hold on the device (floats): a long
+// prompt chunk over a long cache runs in several waves instead of one buffer
+// of gigabytes.
+constexpr size_t kWaveProbFloats = size_t(64) << 20;
+// Device mirror pages are allocated this many at a time.
+constexpr size_t kMirrorChunkPages = 256;
+
+struct DeviceLayer {
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* bq = nullptr;
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  cuda::WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  int64_t wo_input_offset = -1;
+  int64_t down_input_offset = -1;
+};
+
+}  // namespace
+
+struct CudaForwardPass::Impl {
+  Impl(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device);
+  ~Impl();
+
+  std::span<const float> run(std::span<const BatchItem> batch);
+
+  // --- set-up ---
+  cuda::WeightMatrix upload_matrix(const cpu::WeightMatrix& w);
+  const float* upload_floats(const float* host, size_t n);
+
+  // --- per step ---
+  void sync();
+  void upload(void* device, const void* host, size_t bytes);
+  void download(void* host, const void* device, size_t bytes);
+  void matmul(const cuda::WeightMatrix& w, const float* x, int64_t rows, float* y);
+  const float* widen(const float* x, int64_t rows, int64_t width, int64_t full, int64_t offset);
+  void all_reduce(float* data, size_t n);
+  uint8_t* mirror_page(int32_t page);
+  void mirror_written_pages();
+  void grow_mirror();
+
+  const ModelShard& shard;
+  TensorParallelGroup& group;
+  const Model& model;
+  KvCache& cache;
+  ThreadPool& pool;
+  int device;
+  cudaStream_t stream = nullptr;
+#ifdef LAZYKV_HAVE_NCCL
+  NcclGroup* nccl = nullptr;  // the group, when its all-reduce runs on device memory
+#endif
+
+  // Weights, uploaded once.
+  std::vector<DeviceBuffer<uint8_t>> owned;
+  std::vector<DeviceLayer> layers;
+  cuda::WeightMatrix output;
+  const float* output_norm = nullptr;
+  const float* inv_freq = nullptr;
+  size_t weight_bytes = 0;
+
+  // The KV mirror: page p at mirror_chunks[p / kMirrorChunkPages].
+  std::vector<DeviceBuffer<uint8_t>> mirror_chunks;
+  std::vector<int32_t> written;
+
+  // Activations on the device, grown on demand.
+  DeviceBuffer<float> x, xn, q, k, v, attn, tmp, gate, up, logits, wide, probs;
+  DeviceBuffer<uint16_t> k16, v16;
+  DeviceBuffer<int32_t> positions;
+  DeviceBuffer<uint8_t> staged_pages;           // [pages][page_bytes], then their destinations
+  DeviceBuffer<const uint16_t*> tables;         // page tables of one attention wave
+  DeviceBuffer<cuda::AttentionUnit> units;
+
+  // Host staging (page-locked, for asynchronous copies).
+  PinnedBuffer<float> h_x, h_logits, h_probs, h_q, h_reduce;
+  PinnedBuffer<uint16_t> h_k16, h_v16;
+  PinnedBuffer<int32_t> h_positions;
+  PinnedBuffer<uint8_t> h_pages;
+  PinnedBuffer<const uint16_t*> h_tables;
+  PinnedBuffer<cuda::AttentionUnit> h_units;
+
+  double eviction_seconds = 0;
+};
+
+CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group_, KvCache& cache_, ThreadPool& pool_,
+                            int device_)
+    : shard(shard_), group(group_), model(shard_.model()), cache(cache_), pool(pool_), device(device_) {
+  if (group.world() != shard.world() || group.rank() != shard.rank()) {
+    throw Error(ErrorCode::kInvalidArgument, "cuda forward: a shard for rank " + std::to_string(shard.rank()) +
+                                                 " of " + std::to_string(shard.world()) +
+                                                 " in a group where this is rank " + std::to_string(group.rank()) +
+                                                 " of " + std::to_string(group.world()));
+  }
+  if (cache.config().n_head_kv != shard.config().n_head_kv) {
+    throw Error(ErrorCode::kInvalidArgument, "cuda forward: the KV cache holds " +
+                                                 std::to_string(cache.config().n_head_kv) + " heads but the shard has " +
+                                                 std::to_string(shard.config().n_head_kv));
+  }
+  if (cache.pool_pages() != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "cuda forward: the KV cache must be empty when the pass is made");
+  }
+  const int devices = cuda::usable_device_count();
+  if (device < 0 || device >= devices) {
+    throw Error(ErrorCode::kUnavailable, "CUDA device " + std::to_string(device) + " does not exist: " +
+                                             std::to_string(devices) + " CUDA device(s) are usable");
+  }
+  LAZYKV_CUDA_CHECK(cudaSetDevice(device));
+  LAZYKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+#ifdef LAZYKV_HAVE_NCCL
+  nccl = dynamic_cast<NcclGroup*>(&group);
+#endif
+  cache.track_written_pages();
+
+  const ModelConfig& c = shard.config();
+  try {
+    for (const ShardLayer& layer : shard.layers()) {
+      const LayerWeights& w = layer.w;
+      DeviceLayer d;
+      d.attn_norm = upload_floats(w.attn_norm, size_t(c.n_embd));
+      d.ffn_norm = upload_floats(w.ffn_norm, size_t(c.n_embd));
+      d.bq = upload_floats(w.bq, size_t(c.n_head) * c.head_dim);
+      d.bk = upload_floats(w.bk, size_t(c.n_head_kv) * c.head_dim);
+      d.bv = upload_floats(w.bv, size_t(c.n_head_kv) * c.head_dim);
+      d.wq = upload_matrix(w.wq);
+      d.wk = upload_matrix(w.wk);
+      d.wv = upload_matrix(w.wv);
+      d.wo = upload_matrix(w.wo);
+      d.w_gate = upload_matrix(w.w_gate);
+      d.w_up = upload_matrix(w.w_up);
+      d.w_down = upload_matrix(w.w_down);
+      d.wo_input_offset = layer.wo_input_offset;
+      d.down_input_offset = layer.down_input_offset;
+      layers.push_back(d);
+    }
+    output = upload_matrix(model.output());
+    output_norm = upload_floats(model.output_norm(), size_t(c.n_embd));
+    inv_freq = upload_floats(model.rope().inv_freq.data(), model.rope().inv_freq.size());
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInternal) throw;
+    // cudaMalloc's failures reach us as kInternal; out of memory is what they mean here.
+    throw Error(ErrorCode::kOutOfMemory, std::string("cuda forward: uploading the weights: ") + e.what());
+  }
+}
+
+CudaForwardPass::Impl::~Impl() {
+  if (stream != nullptr) {
+    static_cast<void>(cudaStreamSynchronize(stream));
+    static_cast<void>(cudaStreamDestroy(stream));
+  }
+}
+
+const float* CudaForwardPass::Impl::upload_floats(const float* host, size_t n) {
+  if (host == nullptr || n == 0) return nullptr;
+  DeviceBuffer<uint8_t>& buffer = owned.emplace_back(n * sizeof(float));
+  buffer.upload(reinterpret_cast<const uint8_t*>(host), n * sizeof(float));
+  weight_bytes += buffer.bytes();
+  return reinterpret_cast<const float*>(buffer.data());
+}
+
+cuda::WeightMatrix CudaForwardPass::Impl::upload_matrix(const cpu::WeightMatrix& w) {
+  cuda::WeightMatrix d;
+  d.rows = w.rows;
+  d.cols = w.cols;
+  const size_t src_row = row_bytes(w.type, size_t(w.cols));
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  if (cuda::matmul_supported(w.type)) {
+    d.type = w.type;
+    DeviceBuffer<uint8_t>& buffer = owned.emplace_back(size_t(w.rows) * src_row);
+    buffer.upload(src, buffer.size());
+    d.data = buffer.data();
+    weight_bytes += buffer.bytes();
+    return d;
+  }
+  // A type the device matmul does not read in place (F32, BF16, Q4_0, Q4_K,
+  // Q6_K): F16 rows, converted here once.
+  d.type = DType::kF16;
+  std::vector<float> row(size_t(w.cols));
+  std::vector<uint16_t> f16(size_t(w.rows) * size_t(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    cpu::dequantize_row(w.type, src + size_t(r) * src_row, row.data(), w.cols);
+    cpu::to_f16(row.data(), f16.data() + size_t(r) * size_t(w.cols), w.cols);
+  }
+  DeviceBuffer<uint8_t>& buffer = owned.emplace_back(f16.size() * sizeof(uint16_t));
+  buffer.upload(reinterpret_cast<const uint8_t*>(f16.data()), buffer.size());
+  d.data = buffer.data();
+  weight_bytes += buffer.bytes();
+  return d;
+}
+
+void CudaForwardPass::Impl::sync() { LAZYKV_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+void CudaForwardPass::Impl::upload(void* device_ptr, const void* host, size_t bytes) {
+  if (bytes > 0) LAZYKV_CUDA_CHECK(cudaMemcpyAsync(device_ptr, host, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+void CudaForwardPass::Impl::download(void* host, const void* device_ptr, size_t bytes) {
+  if (bytes > 0) LAZYKV_CUDA_CHECK(cudaMemcpyAsync(host, device_ptr, bytes, cudaMemcpyDeviceToHost, stream));
+}
+
+void CudaForwardPass::Impl::matmul(const cuda::WeightMatrix& w, const float* in, int64_t rows, float* out) {
+  cuda::matmul(w, in, rows, out, stream);
+}
+
+// x [rows][width] as the input of a matrix of `full` columns: at column
+// `offset`, zeros elsewhere (a rank's slice that is not block-aligned).
+const float* CudaForwardPass::Impl::widen(const float* in, int64_t rows, int64_t width, int64_t full,
+                                          int64_t offset) {
+  float* out = reserve_device(wide, size_t(rows * full));
+  LAZYKV_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(rows * full) * sizeof(float), stream));
+  LAZYKV_CUDA_CHECK(cudaMemcpy2DAsync(out + offset, size_t(full) * sizeof(float), in, size_t(width) * sizeof(float),
+                                      size_t(width) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice, stream));
+  return out;
+}
+
+void CudaForwardPass::Impl::all_reduce(float* data, size_t n) {
+  if (group.world() == 1) return;
+#ifdef LAZYKV_HAVE_NCCL
+  if (nccl != nullptr) {
+    nccl->all_reduce_sum_device(data, n, stream);
+    return;
+  }
+#endif
+  // A host collective (Gloo): through page-locked memory.
+  float* host = h_reduce.reserve(n);
+  download(host, data, n * sizeof(float));
+  sync();
+  group.all_reduce_sum(host, n);
+  upload(data, host, n * sizeof(float));
+}
+
+uint8_t* CudaForwardPass::Impl::mirror_page(int32_t page) {
+  return mirror_chunks[size_t(page) / kMirrorChunkPages].data() + (size_t(page) % kMirrorChunkPages) * cache.page_bytes();
+}
+
+void CudaForwardPass::Impl::grow_mirror() {
+  while (mirror_chunks.size() * kMirrorChunkPages < cache.pool_pages()) {
+    try {
+      mirror_chunks.emplace_back(kMirrorChunkPages * cache.page_bytes());
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kOutOfMemory, std::string("cuda forward: growing the device KV pages: ") + e.what());
+    }
+  }
+}
+
+// Copies every page the cache wrote since the last call into the mirror:
+// staged in page-locked memory with their destinations, one upload, one launch.
+// The caller has synchronised the stream since the previous call (the staging
+// memory is reused).
+void CudaForwardPass::Impl::mirror_written_pages() {
+  cache.take_written_pages(written);
+  if (written.empty()) return;
+  grow_mirror();
+  const size_t page_bytes = cache.page_bytes();
+  const size_t n = written.size();
+  const size_t pointers_at = n * page_bytes;  // a multiple of 16: page_bytes is
+  const size_t total = pointers_at + n * sizeof(uint8_t*);
+  uint8_t* host = h_pages.reserve(total);
+  auto* destinations = reinterpret_cast<uint8_t**>(host + pointers_at);
+  pool.parallel_for(int64_t(n), 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(host + size_t(i) * page_bytes, cache.page_data(written[size_t(i)]), page_bytes);
+      destinations[i] = mirror_page(written[size_t(i)]);
+    }
+  });
+  uint8_t* device_staged = reserve_device(staged_pages, total);
+  upload(device_staged, host, total);
+  cuda::scatter_pages(device_staged, reinterpret_cast<uint8_t* const*>(device_staged + pointers_at), int64_t(n),
+                      int64_t(page_bytes), stream);
+}
+
+std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> batch) {
+  const ModelConfig& c = shard.config();
+  const int64_t E = c.n_embd;
+  const int D = c.head_dim;
+  const int H = c.n_head;
+  const int KV = c.n_head_kv;
+  const int G = c.n_group();
+  const int64_t q_dim = int64_t(H) * D;
+  const int64_t kv_dim = int64_t(KV) * D;
+  const int32_t page_slots = cache.config().page_slots;
+
+  if (batch.empty()) return {};
+  LAZYKV_CUDA_CHECK(cudaSetDevice(device));  // per thread: the worker may call from any
+  const BatchRows rows = check_batch(batch, c, cache);
+  const std::vector<int64_t>& row0 = rows.row0;
+  const int64_t n_logit_rows = rows.n_logit_rows;
+  const int64_t T = rows.tokens();
+  reserve_batch(batch, cache, group);
+  grow_mirror();  // before anything is appended: a failure here leaves the slots as they were
+  for (const BatchItem& item : batch) {
+    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
+  }
+
+  // Device buffers for this batch.
+  reserve_device(x, size_t(T * E));
+  reserve_device(xn, size_t(T) * size_t(std::max<int64_t>(E, q_dim)));
+  reserve_device(q, size_t(T * q_dim));
+  reserve_device(k, size_t(T * kv_dim));
+  reserve_device(v, size_t(T * kv_dim));
+  reserve_device(attn, size_t(T * q_dim));
+  reserve_device(tmp, size_t(T * E));
+  reserve_device(gate, size_t(T) * size_t(c.n_ff));
+  reserve_device(up, size_t(T) * size_t(c.n_ff));
+  reserve_device(logits, size_t(n_logit_rows) * size_t(c.n_vocab));
+  reserve_device(k16, size_t(T * kv_dim));
+  reserve_device(v16, size_t(T * kv_dim));
+  reserve_device(positions, size_t(T));
+
+  // Embeddings (looked up on the host, from the mapped model) and positions.
+  const cpu::WeightMatrix& embd = model.token_embd();
+  const size_t embd_row = row_bytes(embd.type, size_t(E));
+  float* hx = h_x.reserve(size_t(T * E));
+  int32_t* hpos = h_positions.reserve(size_t(T));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+      const int64_t r = row0[i] + int64_t(t);
+      const auto* src = static_cast<const uint8_t*>(embd.data) + size_t(batch[i].tokens[t]) * embd_row;
+      cpu::dequantize_row(embd.type, src, hx + r * E, E);
+      hpos[r] = batch[i].start_pos + int32_t(t);
+    }
+  }
+  upload(x.data(), hx, size_t(T * E) * sizeof(float));
+  upload(positions.data(), hpos, size_t(T) * sizeof(int32_t));
+
+  // Attention units: (item, cache head, token), a head's tokens in order.
+  struct Unit {
+    int32_t item, head, token;
+  };
+  std::vector<int> cache_heads(batch.size()), queries_per_head(batch.size());
+  std::vector<Unit> unit_list;
+  int max_group = 1;
+  bool any_policy = false;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    cache_heads[i] = cache.heads_per_layer(batch[i].seq);
+    queries_per_head[i] = G * KV / cache_heads[i];
+    max_group = std::max(max_group, queries_per_head[i]);
+    any_policy = any_policy || batch[i].policy != nullptr;
+    for (int h = 0; h < cache_heads[i]; ++h) {
+      for (int32_t t = 0; t < int32_t(batch[i].tokens.size()); ++t) unit_list.push_back({int32_t(i), h, t});
+    }
+  }
+  const float scale = 1.0f / std::sqrt(float(D));
+  uint16_t* hk16 = h_k16.reserve(size_t(T * kv_dim));
+  uint16_t* hv16 = h_v16.reserve(size_t(T * kv_dim));
+  float* hq = any_policy ? h_q.reserve(size_t(T * q_dim)) : nullptr;
+  std::vector<float> padded;  // one row of probabilities over a head's whole table
+
+  for (int l = 0; l < c.n_layer; ++l) {
+    const DeviceLayer& w = layers[size_t(l)];
+    cuda::rms_norm(x.data(), w.attn_norm, xn.data(), T, E, c.rms_eps, stream);
+    matmul(w.wq, xn.data(), T, q.data());
+    matmul(w.wk, xn.data(), T, k.data());
+    matmul(w.wv, xn.data(), T, v.data());
+    if (w.bq != nullptr) cuda::add_rows(q.data(), w.bq, T, q_dim, stream);
+    if (w.bk != nullptr) cuda::add_rows(k.data(), w.bk, T, kv_dim, stream);
+    if (w.bv != nullptr) cuda::add_rows(v.data(), w.bv, T, kv_dim, stream);
+    cuda::rope(q.data(), positions.data(), inv_freq, T, H, D, c.n_rot, model.rope().mscale, c.rope_style, stream);
+    cuda::rope(k.data(), positions.data(), inv_freq, T, KV, D, c.n_rot, model.rope().mscale, c.rope_style, stream);
+    cuda::to_f16(k.data(), k16.data(), T * kv_dim, stream);
+    cuda::to_f16(v.data(), v16.data(), T * kv_dim, stream);
+    download(hk16, k16.data(), size_t(T * kv_dim) * sizeof(uint16_t));
+    download(hv16, v16.data(), size_t(T * kv_dim) * sizeof(uint16_t));
+    if (hq != nullptr) download(hq, q.data(), size_t(T * q_dim) * sizeof(float));
+    sync();
+
+    // Append to the host cache (as ForwardPass does), then mirror what it wrote.
+    pool.parallel_for(int64_t(batch.size()) * KV, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        const size_t i = size_t(u / KV);
+        const int h = int(u % KV);
+        const int copies = cache_heads[i] / KV;
+        for (int cp = 0; cp < copies; ++cp) {
+          for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+            const int64_t r = row0[i] + int64_t(t);
+            cache.append(batch[i].seq, l, h * copies + cp, batch[i].start_pos + int32_t(t),
+                         hk16 + r * kv_dim + int64_t(h) * D, hv16 + r * kv_dim + int64_t(h) * D);
+          }
+        }
+      }
+    });
+    mirror_written_pages();
+
+    // Attention, in waves whose probabilities fit kWaveProbFloats.
+    for (size_t first = 0; first < unit_list.size();) {
+      size_t last = first;
+      size_t prob_floats = 0, table_entries = 0;
+      std::vector<size_t> prob_at, table_at;
+      while (last < unit_list.size()) {
+        const Unit& un = unit_list[last];
+        const BatchItem& item = batch[size_t(un.item)];
+        const int32_t n_tok = int32_t(item.tokens.size());
+        const int32_t visible = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - un.token);
+        const size_t need = size_t(queries_per_head[size_t(un.item)]) * size_t(visible);
+        if (last > first && prob_floats + need > kWaveProbFloats) break;
+        prob_at.push_back(prob_floats);
+        prob_floats += need;
+        if (un.token == 0 || last == first) {
+          table_at.push_back(table_entries);
+          table_entries += 2 * cache.page_ids(item.seq, l, un.head).size();
+        } else {
+          table_at.push_back(table_at.back());
+        }
+        ++last;
+      }
+      const size_t n_units = last - first;
+      const uint16_t** ht = h_tables.reserve(std::max<size_t>(table_entries, 1));
+      cuda::AttentionUnit* hu = h_units.reserve(n_units);
+      const uint16_t** dt = reserve_device(tables, std::max<size_t>(table_entries, 1));
+      cuda::AttentionUnit* du = reserve_device(units, n_units);
+      float* dp = reserve_device(probs, std::max<size_t>(prob_floats, 1));
+      for (size_t j = 0; j < n_units; ++j) {
+        const Unit& un = unit_list[first + j];
+        const BatchItem& item = batch[size_t(un.item)];
+        const int32_t n_tok = int32_t(item.tokens.size());
+        const std::span<const int32_t> pages = cache.page_ids(item.seq, l, un.head);
+        if (un.token == 0 || j == 0) {
+          for (size_t p = 0; p < pages.size(); ++p) {
+            const uint8_t* page = mirror_page(pages[p]);
+            ht[table_at[j] + p] = reinterpret_cast<const uint16_t*>(page);
+            ht[table_at[j] + pages.size() + p] = reinterpret_cast<const uint16_t*>(page + cache.values_offset());
+          }
+        }
+        const int qph = queries_per_head[size_t(un.item)];
+        const int64_t r = row0[size_t(un.item)] + un.token;
+        const int64_t head0 = int64_t(un.head) * qph;  // first query head served by this cache head
+        cuda::AttentionUnit& a = hu[j];
+        a.q = q.data() + r * q_dim + head0 * D;
+        a.out = attn.data() + r * q_dim + head0 * D;
+        a.probs = dp + prob_at[j];
+        a.keys = dt + table_at[j];
+        a.values = dt + table_at[j] + pages.size();
+        a.n_slots = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - un.token);
+        a.n_group = qph;
+      }
+      upload(dt, ht, table_entries * sizeof(const uint16_t*));
+      upload(du, hu, n_units * sizeof(cuda::AttentionUnit));
+      cuda::attention_units(du, int64_t(n_units), max_group, D, page_slots, scale, stream);
+
+      // Statistics and remembered queries for the policies, on the host.
+      bool wants = false;
+      for (size_t j = 0; j < n_units && !wants; ++j) wants = batch[size_t(unit_list[first + j].item)].policy != nullptr;
+      if (wants) {
+        float* hp = h_probs.reserve(std::max<size_t>(prob_floats, 1));
+        download(hp, dp, prob_floats * sizeof(float));
+        sync();  // also: the staging above may be reused by the next wave
+        for (size_t j = 0; j < n_units; ++j) {
+          const Unit& un = unit_list[first + j];
+          const BatchItem& item = batch[size_t(un.item)];
+          if (item.policy == nullptr) continue;
+          const int qph = queries_per_head[size_t(un.item)];
+          const int32_t pos = item.start_pos + un.token;
+          const int64_t r = row0[size_t(un.item)] + un.token;
+          const cpu::AttentionStats* stats = item.policy->stats(l, un.head, pos);
+          if (float* keep = item.policy->query_buffer(l, un.head, pos)) {
+            const float* src = hq + r * q_dim + int64_t(un.head) * qph * D;
+            std::copy(src, src + int64_t(qph) * D, keep);
+          }
+          if (stats == nullptr) continue;
+          // Over the whole table, the slots this token may not see at 0 (as the
+          // CPU kernel's causal mask leaves them).
+          const int32_t n_all = cache.n_slots(item.seq, l, un.head);
+          const int32_t visible = hu[j].n_slots;
+          padded.assign(size_t(n_all), 0.0f);
+          for (int g = 0; g < qph; ++g) {
+            const float* row = hp + prob_at[j] + size_t(g) * size_t(visible);
+            std::copy(row, row + visible, padded.begin());
+            cpu::record_stats(padded.data(), n_all, *stats);
+          }
+        }
+      } else {
+        sync();  // the page-locked tables are reused by the next wave
+      }
+      first = last;
+    }
+
+    const float* wo_in = w.wo_input_offset < 0 ? attn.data() : widen(attn.data(), T, q_dim, w.wo.cols, w.wo_input_offset);
+    matmul(w.wo, wo_in, T, tmp.data());
+    all_reduce(tmp.data(), size_t(T * E));
+    cuda::add_inplace(x.data(), tmp.data(), T * E, stream);
+
+    cuda::rms_norm(x.data(), w.ffn_norm, xn.data(), T, E, c.rms_eps, stream);
+    matmul(w.w_gate, xn.data(), T, gate.data());
+    matmul(w.w_up, xn.data(), T, up.data());
+    cuda::silu_mul(gate.data(), up.data(), gate.data(), T * c.n_ff, stream);
+    const float* down_in =
+        w.down_input_offset < 0 ? gate.data() : widen(gate.data(), T, c.n_ff, w.w_down.cols, w.down_input_offset);
+    matmul(w.w_down, down_in, T, tmp.data());
+    all_reduce(tmp.data(), size_t(T * E));
+    cuda::add_inplace(x.data(), tmp.data(), T * E, stream);
+  }
+
+  // Final norm on the rows that need logits, then the output projection.
+  int64_t out_row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n_tok = int64_t(batch[i].tokens.size());
+    const int64_t first = batch[i].all_logits ? row0[i] : row0[i] + n_tok - 1;
+    const int64_t n_rows = row0[i] + n_tok - first;
+    cuda::rms_norm(x.data() + first * E, output_norm, xn.data() + out_row * E, n_rows, E, c.rms_eps, stream);
+    out_row += n_rows;
+  }
+  matmul(output, xn.data(), n_logit_rows, logits.data());
+  const size_t n_logits = size_t(n_logit_rows) * size_t(c.n_vocab);
+  float* hl = h_logits.reserve(n_logits);
+  download(hl, logits.data(), n_logits * sizeof(float));
+  sync();
+
+  // Eviction on the host, after attention saw the full cache; the pages it
+  // rewrites reach the mirror at the next pass's first layer.
+  eviction_seconds += end_policy_steps(batch, c.n_layer, cache, pool);
+  return {hl, n_logits};  // page-locked; valid until the next run
+}
+
+CudaForwardPass::CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool,
+                                 int device)
+    : impl_(std::make_unique<Impl>(shard, group, cache, pool, device)) {}
+
+CudaForwardPass::~CudaForwardPass() = default;
+
+std::span<const float> CudaForwardPass::run(std::span<const BatchItem> batch) { return impl_->run(batch); }
+
+double CudaForwardPass::eviction_seconds() const { return impl_->eviction_seconds; }
+
+size_t CudaForwardPass::weight_bytes() const { return impl_->weight_bytes; }
+
+}  // namespace lazykv

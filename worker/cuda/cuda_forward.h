@@ -1,0 +1,51 @@
+// The forward pass on a CUDA device: ForwardPass's batches and results, with
+// the weights uploaded once and every matmul, norm, RoPE and attention run on
+// the GPU. Built only where CMake found the CUDA toolkit (LAZYKV_HAVE_CUDA).
+//
+// The KV cache stays the worker's KvCache: its slot tables, and the policies
+// and tiers that compact it, run on the host as on the CPU backend, and the
+// device holds a mirror of its page pool (same page ids). Each layer the pass
+// computes K/V on the device, appends them to the cache, and copies the pages
+// written since the last copy (its own appends, the policies' compactions, the
+// tiers' promotions) into the mirror in one launch; attention then reads the
+// mirror, and the probabilities come back only for sequences whose policy
+// records statistics. So every policy runs unchanged, on the same f16 K/V the
+// CPU backend would hold.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "common/thread_pool.h"
+#include "worker/forward.h"
+#include "worker/kv_cache.h"
+#include "worker/parallel/group.h"
+#include "worker/parallel/model_shard.h"
+
+namespace lazykv {
+
+class CudaForwardPass final : public ForwardBackend {
+ public:
+  // Uploads `shard`'s weights to CUDA device `device` (types the device matmul
+  // does not read in place become F16). `cache` must be empty and used only
+  // through this pass and the policies it drives. In a tensor-parallel group
+  // the partial sums are all-reduced on the device when `group` is an
+  // NcclGroup, else through host memory. Throws Error(kUnavailable) when the
+  // device cannot be used, Error(kOutOfMemory) when the weights do not fit.
+  CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device);
+  ~CudaForwardPass() override;
+  CudaForwardPass(const CudaForwardPass&) = delete;
+  CudaForwardPass& operator=(const CudaForwardPass&) = delete;
+
+  // As ForwardPass::run (same errors, same logits up to float rounding).
+  std::span<const float> run(std::span<const BatchItem> batch) override;
+  double eviction_seconds() const override;
+  // Bytes of device memory the weights take.
+  size_t weight_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lazykv

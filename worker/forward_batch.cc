@@ -1,0 +1,82 @@
+#include "worker/forward_batch.h"
+
+#include <chrono>
+#include <string>
+
+#include "common/error.h"
+#include "worker/policy/policy.h"
+
+namespace lazykv {
+
+BatchRows check_batch(std::span<const BatchItem> batch, const ModelConfig& config, const KvCache& cache) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (batch[j].seq == batch[i].seq) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "forward: sequence " + std::to_string(batch[i].seq) + " appears twice in one batch");
+      }
+    }
+  }
+  BatchRows rows;
+  rows.row0.assign(batch.size() + 1, 0);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].tokens.empty()) throw Error(ErrorCode::kInvalidArgument, "forward: empty batch item");
+    for (int32_t t : batch[i].tokens) {
+      if (t < 0 || t >= config.n_vocab) {
+        throw Error(ErrorCode::kInvalidArgument, "forward: token id " + std::to_string(t) +
+                                                     " outside vocabulary of " + std::to_string(config.n_vocab));
+      }
+    }
+    rows.row0[i + 1] = rows.row0[i] + int64_t(batch[i].tokens.size());
+    rows.n_logit_rows += batch[i].all_logits ? int64_t(batch[i].tokens.size()) : 1;
+  }
+  for (const BatchItem& item : batch) {
+    if (item.policy == nullptr) continue;
+    item.policy->check_pass(item.start_pos, int32_t(item.tokens.size()));
+    if (item.policy->heads_per_layer() != cache.heads_per_layer(item.seq)) {
+      throw Error(ErrorCode::kInvalidArgument, "forward: sequence " + std::to_string(item.seq) + " caches " +
+                                                   std::to_string(cache.heads_per_layer(item.seq)) +
+                                                   " heads per layer but its policy needs " +
+                                                   std::to_string(item.policy->heads_per_layer()));
+    }
+  }
+  return rows;
+}
+
+void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group) {
+  if (group.world() == 1) {
+    for (const BatchItem& item : batch) cache.reserve(item.seq, int(item.tokens.size()));
+    return;
+  }
+  float full = 0;
+  std::string why;
+  try {
+    for (const BatchItem& item : batch) cache.reserve(item.seq, int(item.tokens.size()));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfMemory) throw;
+    full = 1;
+    why = e.what();
+  }
+  group.all_reduce_sum(&full, 1);
+  if (full > 0) {
+    throw Error(ErrorCode::kOutOfMemory, why.empty() ? "forward: another tensor-parallel rank's KV cache is full" : why);
+  }
+}
+
+double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool) {
+  std::vector<size_t> with_policy;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].policy != nullptr) with_policy.push_back(i);
+  }
+  if (with_policy.empty()) return 0;
+  const auto start = std::chrono::steady_clock::now();
+  pool.parallel_for(int64_t(with_policy.size()) * n_layer, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const BatchItem& item = batch[with_policy[size_t(u / n_layer)]];
+      item.policy->end_step(int(u % n_layer), cache, item.seq);
+    }
+  });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace lazykv

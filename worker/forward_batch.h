@@ -1,0 +1,39 @@
+// What every forward backend does around its compute, so the CPU and CUDA
+// passes take batches and drive policies exactly alike: checking a batch,
+// reserving its KV on every rank or none, and the policies' end of step.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "worker/forward.h"
+#include "worker/kv_cache.h"
+#include "worker/model_config.h"
+#include "worker/parallel/group.h"
+
+namespace lazykv {
+
+struct BatchRows {
+  std::vector<int64_t> row0;  // item i owns token rows [row0[i], row0[i + 1])
+  int64_t n_logit_rows = 0;   // tokens.size() for items with all_logits, else 1
+  int64_t tokens() const { return row0.back(); }
+};
+
+// Throws Error(kInvalidArgument) for a sequence twice in the batch, an empty
+// item, a token id outside the vocabulary, a pass a policy refuses or a policy
+// whose head count is not the cache's.
+BatchRows check_batch(std::span<const BatchItem> batch, const ModelConfig& config, const KvCache& cache);
+
+// Reserves every item's new slots. In a group of several ranks all ranks run
+// the pass or none does (a rank that went ahead alone would wait in the
+// all-reduce for the others): Error(kOutOfMemory) on every rank when any
+// rank's cache is full.
+void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group);
+
+// After the pass: every (item with a policy, layer) apart, in parallel.
+// Returns the wall seconds it took (0 when no item has a policy).
+double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool);
+
+}  // namespace lazykv
