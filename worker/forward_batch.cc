@@ -43,15 +43,20 @@ BatchRows check_batch(std::span<const BatchItem> batch, const ModelConfig& confi
   return rows;
 }
 
-void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group) {
-  if (group.world() == 1) {
+void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group,
+                   const std::function<void()>& prepare) {
+  const auto reserve = [&] {
     for (const BatchItem& item : batch) cache.reserve(item.seq, int(item.tokens.size()));
+    if (prepare) prepare();
+  };
+  if (group.world() == 1) {
+    reserve();
     return;
   }
   float full = 0;
   std::string why;
   try {
-    for (const BatchItem& item : batch) cache.reserve(item.seq, int(item.tokens.size()));
+    reserve();
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfMemory) throw;
     full = 1;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -26,11 +27,13 @@ struct BatchRows {
 // whose head count is not the cache's.
 BatchRows check_batch(std::span<const BatchItem> batch, const ModelConfig& config, const KvCache& cache);
 
-// Reserves every item's new slots. In a group of several ranks all ranks run
+// Reserves every item's new slots, then runs `prepare` (a backend's own
+// memory for the pass; may be empty). In a group of several ranks all ranks run
 // the pass or none does (a rank that went ahead alone would wait in the
 // all-reduce for the others): Error(kOutOfMemory) on every rank when any
-// rank's cache is full.
-void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group);
+// rank's cache is full or its `prepare` ran out of memory.
+void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group,
+                   const std::function<void()>& prepare = {});
 
 // After the pass: every (item with a policy, layer) apart, in parallel.
 // Returns the wall seconds it took (0 when no item has a policy).

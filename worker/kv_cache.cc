@@ -36,6 +36,7 @@ void KvCache::add_sequence(SeqId seq, int heads_per_layer) {
   Sequence& s = seqs_[seq];
   s.heads_per_layer = heads_per_layer;
   s.heads.resize(size_t(config_.n_layer) * size_t(heads_per_layer));
+  for (HeadTable& h : s.heads) h.max_position = &s.max_position;  // map nodes do not move
 }
 
 int KvCache::heads_per_layer(SeqId seq) const {
@@ -123,6 +124,11 @@ void KvCache::mark_written(int32_t page) {
   if (flag.load(std::memory_order_relaxed) != 0 || flag.exchange(1) != 0) return;
   std::lock_guard<std::mutex> lock(written_mutex_);
   written_.push_back(page);
+}
+
+size_t KvCache::written_page_count() {
+  std::lock_guard<std::mutex> lock(written_mutex_);
+  return written_.size();
 }
 
 void KvCache::take_written_pages(std::vector<int32_t>& pages) {
@@ -217,6 +223,9 @@ void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint1
   std::memcpy(page_values(page) + in_page * config_.head_dim, v, config_.head_dim * sizeof(uint16_t));
   h.positions.push_back(pos);
   mark_written(page);
+  for (int32_t seen = h.max_position->load(std::memory_order_relaxed);
+       pos > seen && !h.max_position->compare_exchange_weak(seen, pos, std::memory_order_relaxed);) {
+  }
 }
 
 int32_t KvCache::max_slots(SeqId seq) const {
@@ -227,6 +236,14 @@ int32_t KvCache::max_slots(SeqId seq) const {
   size_t most = 0;
   for (const HeadTable& h : it->second.heads) most = std::max(most, h.positions.size());
   return int32_t(most);
+}
+
+int32_t KvCache::max_position(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: unknown sequence " + std::to_string(seq));
+  }
+  return it->second.max_position.load(std::memory_order_relaxed);
 }
 
 int32_t KvCache::n_slots(SeqId seq, int layer, int kv_head) const {

@@ -68,6 +68,8 @@ class KvCache {
   void read_slot(SeqId seq, int layer, int kv_head, int32_t slot, uint16_t* k, uint16_t* v) const;
 
   int32_t n_slots(SeqId seq, int layer, int kv_head) const;
+  // The highest token position ever appended to seq (-1: none), in any head.
+  int32_t max_position(SeqId seq) const;
   // The most slots any (layer, KV head) of seq holds (heads compact independently).
   int32_t max_slots(SeqId seq) const;
   std::span<const int32_t> positions(SeqId seq, int layer, int kv_head) const;
@@ -93,6 +95,8 @@ class KvCache {
   // recorded, so a mirror can copy just those (a page taken but not yet
   // written holds nothing a reader may see).
   void track_written_pages();
+  // How many pages take_written_pages would return now.
+  size_t written_page_count();
   // The pages written since the last call (each once, any order); clears the record.
   // Not concurrent with writers.
   void take_written_pages(std::vector<int32_t>& pages);
@@ -110,10 +114,12 @@ class KvCache {
     std::vector<const uint16_t*> key_ptrs;
     std::vector<const uint16_t*> value_ptrs;
     std::vector<int32_t> positions;  // size = n slots
+    std::atomic<int32_t>* max_position = nullptr;  // its sequence's (append raises it)
   };
   struct Sequence {
     int heads_per_layer = 0;
     std::vector<HeadTable> heads;  // [n_layer * heads_per_layer]
+    std::atomic<int32_t> max_position{-1};  // raised by append (heads append concurrently)
   };
 
   HeadTable& head(SeqId seq, int layer, int kv_head);

@@ -159,7 +159,8 @@ void attention_units(const AttentionUnit* units, int64_t n_units, int max_group,
   require(n_units >= 0 && max_group > 0 && head_dim > 0 && page_slots > 0, "cuda::attention_units: bad shape");
   require(n_units <= 0x7fffffff, "cuda::attention_units: too many units for one launch");
   const size_t shared_bytes = (size_t(max_group) + kWarps) * size_t(head_dim) * sizeof(float);
-  require(shared_bytes <= 48 * 1024, "cuda::attention_units: group too large");
+  // 48 KiB in all without opting in, the kernel's static scratch[32] included.
+  require(shared_bytes + 32 * sizeof(float) <= 48 * 1024, "cuda::attention_units: group too large");
   if (n_units == 0) return;
   attention_units_kernel<<<static_cast<unsigned>(n_units), kThreads, shared_bytes, stream>>>(units, max_group,
                                                                                              head_dim, page_slots, scale);

@@ -1,6 +1,7 @@
-// Turns CUDA runtime errors into lazykv::Error (ErrorCode::kInternal) that
-// name the failing call's file and line, so a bad launch or a lost device
-// surfaces as an exception like every other failure in the engine.
+// Turns CUDA runtime errors into lazykv::Error (kInternal; kOutOfMemory for a
+// failed allocation) that name the failing call's file and line, so a bad
+// launch or a lost device surfaces as an exception like every other failure
+// in the engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,9 +12,14 @@
 
 namespace lazykv::cuda {
 
+// An allocation that failed is Error(kOutOfMemory), so a caller can give the
+// memory back and retry (the worker preempts); the runtime's last-error slot
+// is cleared, or the next launch check would report the old failure.
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* what, const char* file, int line) {
-  throw Error(ErrorCode::kInternal, std::string(file) + ":" + std::to_string(line) + ": " + what + ": " +
-                                        cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+  static_cast<void>(cudaGetLastError());
+  throw Error(status == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
+              std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + cudaGetErrorName(status) + " (" +
+                  cudaGetErrorString(status) + ")");
 }
 
 inline void check_cuda(cudaError_t status, const char* what, const char* file, int line) {

@@ -33,6 +33,18 @@ constexpr size_t kWaveProbFloats = size_t(64) << 20;
 // Device mirror pages are allocated this many at a time.
 constexpr size_t kMirrorChunkPages = 256;
 
+// The pass's CUDA stream, destroyed (after its work ends) with the pass, or
+// when the constructor fails after creating it.
+struct Stream {
+  cudaStream_t handle = nullptr;
+  ~Stream() {
+    if (handle != nullptr) {
+      static_cast<void>(cudaStreamSynchronize(handle));
+      static_cast<void>(cudaStreamDestroy(handle));
+    }
+  }
+};
+
 struct DeviceLayer {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
@@ -48,9 +60,15 @@ struct DeviceLayer {
 
 struct CudaForwardPass::Impl {
   Impl(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device);
-  ~Impl();
 
   std::span<const float> run(std::span<const BatchItem> batch);
+  struct Unit {
+    int32_t item, head, token;  // a query group: one token of an item, one cache head
+  };
+  // Every buffer the pass will use, sized before any policy or cache changes,
+  // so a device out of memory leaves both as they were.
+  void prepare(std::span<const BatchItem> batch, const BatchRows& rows, const std::vector<int>& queries_per_head,
+               const std::vector<int>& cache_heads, size_t n_units, bool any_policy);
 
   // --- set-up ---
   cuda::WeightMatrix upload_matrix(const cpu::WeightMatrix& w);
@@ -73,7 +91,8 @@ struct CudaForwardPass::Impl {
   KvCache& cache;
   ThreadPool& pool;
   int device;
-  cudaStream_t stream = nullptr;
+  Stream owned_stream;
+  cudaStream_t stream = nullptr;  // owned_stream's
 #ifdef LAZYKV_HAVE_NCCL
   NcclGroup* nccl = nullptr;  // the group, when its all-reduce runs on device memory
 #endif
@@ -132,11 +151,11 @@ CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group
                                              std::to_string(devices) + " CUDA device(s) are usable");
   }
   LAZYKV_CUDA_CHECK(cudaSetDevice(device));
-  LAZYKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LAZYKV_CUDA_CHECK(cudaStreamCreateWithFlags(&owned_stream.handle, cudaStreamNonBlocking));
+  stream = owned_stream.handle;
 #ifdef LAZYKV_HAVE_NCCL
   nccl = dynamic_cast<NcclGroup*>(&group);
 #endif
-  cache.track_written_pages();
 
   const ModelConfig& c = shard.config();
   try {
@@ -163,17 +182,10 @@ CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group
     output_norm = upload_floats(model.output_norm(), size_t(c.n_embd));
     inv_freq = upload_floats(model.rope().inv_freq.data(), model.rope().inv_freq.size());
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kInternal) throw;
-    // cudaMalloc's failures reach us as kInternal; out of memory is what they mean here.
+    if (e.code() != ErrorCode::kOutOfMemory) throw;
     throw Error(ErrorCode::kOutOfMemory, std::string("cuda forward: uploading the weights: ") + e.what());
   }
-}
-
-CudaForwardPass::Impl::~Impl() {
-  if (stream != nullptr) {
-    static_cast<void>(cudaStreamSynchronize(stream));
-    static_cast<void>(cudaStreamDestroy(stream));
-  }
+  cache.track_written_pages();  // last: a pass that failed to start leaves the cache as it was
 }
 
 const float* CudaForwardPass::Impl::upload_floats(const float* host, size_t n) {
@@ -295,6 +307,69 @@ void CudaForwardPass::Impl::mirror_written_pages() {
                       int64_t(page_bytes), stream);
 }
 
+void CudaForwardPass::Impl::prepare(std::span<const BatchItem> batch, const BatchRows& rows,
+                                    const std::vector<int>& queries_per_head, const std::vector<int>& cache_heads,
+                                    size_t n_units, bool any_policy) {
+  const ModelConfig& c = shard.config();
+  const size_t T = size_t(rows.tokens());
+  const size_t E = size_t(c.n_embd);
+  const size_t q_dim = size_t(c.n_head) * size_t(c.head_dim);
+  const size_t kv_dim = size_t(c.n_head_kv) * size_t(c.head_dim);
+  const size_t page_slots = size_t(cache.config().page_slots);
+  grow_mirror();
+  reserve_device(x, T * E);
+  reserve_device(xn, T * std::max(E, q_dim));
+  reserve_device(q, T * q_dim);
+  reserve_device(k, T * kv_dim);
+  reserve_device(v, T * kv_dim);
+  reserve_device(attn, T * q_dim);
+  reserve_device(tmp, T * E);
+  reserve_device(gate, T * size_t(c.n_ff));
+  reserve_device(up, T * size_t(c.n_ff));
+  reserve_device(logits, size_t(rows.n_logit_rows) * size_t(c.n_vocab));
+  reserve_device(k16, T * kv_dim);
+  reserve_device(v16, T * kv_dim);
+  reserve_device(positions, T);
+  int64_t widest = 0;  // the widest whole matrix a rank feeds with zeros around its columns
+  for (const DeviceLayer& w : layers) {
+    if (w.wo_input_offset >= 0) widest = std::max(widest, w.wo.cols);
+    if (w.down_input_offset >= 0) widest = std::max(widest, w.w_down.cols);
+  }
+  if (widest > 0) reserve_device(wide, T * size_t(widest));
+  h_x.reserve(T * E);
+  h_positions.reserve(T);
+  h_k16.reserve(T * kv_dim);
+  h_v16.reserve(T * kv_dim);
+  if (any_policy) h_q.reserve(T * q_dim);
+  h_logits.reserve(size_t(rows.n_logit_rows) * size_t(c.n_vocab));
+  if (group.world() > 1) h_reduce.reserve(T * E);
+
+  // Attention: every head's table (its pages after this pass's appends), the
+  // probabilities of the largest wave, the pages staged for the mirror.
+  size_t table_entries = 0, prob_total = 0, prob_unit_max = 0, appended_pages = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const size_t n_tok = batch[i].tokens.size();
+    const size_t slots = size_t(cache.max_slots(batch[i].seq)) + n_tok;
+    table_entries += size_t(cache_heads[i]) * 2 * ((slots + page_slots - 1) / page_slots);
+    const size_t unit_need = size_t(queries_per_head[i]) * slots;
+    prob_total += unit_need * size_t(cache_heads[i]) * n_tok;
+    prob_unit_max = std::max(prob_unit_max, unit_need);
+    appended_pages += size_t(cache_heads[i]) * ((n_tok + page_slots - 1) / page_slots + 1);
+  }
+  const size_t prob_bound = std::min(prob_total, std::max(kWaveProbFloats, prob_unit_max));
+  reserve_device(tables, std::max<size_t>(table_entries, 1));
+  h_tables.reserve(std::max<size_t>(table_entries, 1));
+  reserve_device(units, std::max<size_t>(n_units, 1));
+  h_units.reserve(std::max<size_t>(n_units, 1));
+  reserve_device(probs, std::max<size_t>(prob_bound, 1));
+  if (any_policy) h_probs.reserve(std::max<size_t>(prob_bound, 1));
+  // Pages written since the last pass (compactions, promotions) and this
+  // pass's appends, which the first layer's copy carries together.
+  const size_t staged = (cache.written_page_count() + appended_pages) * (cache.page_bytes() + sizeof(uint8_t*));
+  reserve_device(staged_pages, staged);
+  h_pages.reserve(staged);
+}
+
 std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> batch) {
   const ModelConfig& c = shard.config();
   const int64_t E = c.n_embd;
@@ -312,47 +387,8 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   const std::vector<int64_t>& row0 = rows.row0;
   const int64_t n_logit_rows = rows.n_logit_rows;
   const int64_t T = rows.tokens();
-  reserve_batch(batch, cache, group);
-  grow_mirror();  // before anything is appended: a failure here leaves the slots as they were
-  for (const BatchItem& item : batch) {
-    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
-  }
-
-  // Device buffers for this batch.
-  reserve_device(x, size_t(T * E));
-  reserve_device(xn, size_t(T) * size_t(std::max<int64_t>(E, q_dim)));
-  reserve_device(q, size_t(T * q_dim));
-  reserve_device(k, size_t(T * kv_dim));
-  reserve_device(v, size_t(T * kv_dim));
-  reserve_device(attn, size_t(T * q_dim));
-  reserve_device(tmp, size_t(T * E));
-  reserve_device(gate, size_t(T) * size_t(c.n_ff));
-  reserve_device(up, size_t(T) * size_t(c.n_ff));
-  reserve_device(logits, size_t(n_logit_rows) * size_t(c.n_vocab));
-  reserve_device(k16, size_t(T * kv_dim));
-  reserve_device(v16, size_t(T * kv_dim));
-  reserve_device(positions, size_t(T));
-
-  // Embeddings (looked up on the host, from the mapped model) and positions.
-  const cpu::WeightMatrix& embd = model.token_embd();
-  const size_t embd_row = row_bytes(embd.type, size_t(E));
-  float* hx = h_x.reserve(size_t(T * E));
-  int32_t* hpos = h_positions.reserve(size_t(T));
-  for (size_t i = 0; i < batch.size(); ++i) {
-    for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
-      const int64_t r = row0[i] + int64_t(t);
-      const auto* src = static_cast<const uint8_t*>(embd.data) + size_t(batch[i].tokens[t]) * embd_row;
-      cpu::dequantize_row(embd.type, src, hx + r * E, E);
-      hpos[r] = batch[i].start_pos + int32_t(t);
-    }
-  }
-  upload(x.data(), hx, size_t(T * E) * sizeof(float));
-  upload(positions.data(), hpos, size_t(T) * sizeof(int32_t));
 
   // Attention units: (item, cache head, token), a head's tokens in order.
-  struct Unit {
-    int32_t item, head, token;
-  };
   std::vector<int> cache_heads(batch.size()), queries_per_head(batch.size());
   std::vector<Unit> unit_list;
   int max_group = 1;
@@ -366,10 +402,45 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
       for (int32_t t = 0; t < int32_t(batch[i].tokens.size()); ++t) unit_list.push_back({int32_t(i), h, t});
     }
   }
+  // A unit sees a prefix of its head's table, the slots before the ones its
+  // own pass appended after it: the CPU's mask by position only when every
+  // slot cached so far precedes the pass (as the worker always feeds).
+  for (const BatchItem& item : batch) {
+    const int32_t cached = cache.max_position(item.seq);
+    if (cached >= item.start_pos) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "forward (cuda): sequence " + std::to_string(item.seq) + " starts a pass at position " +
+                      std::to_string(item.start_pos) + " but already caches position " + std::to_string(cached) +
+                      "; new positions must follow the cached ones");
+    }
+  }
+  reserve_batch(batch, cache, group,
+                [&] { prepare(batch, rows, queries_per_head, cache_heads, unit_list.size(), any_policy); });
+  // Nothing below allocates before the appends, so policies and cache stay in step.
+  for (const BatchItem& item : batch) {
+    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
+  }
+
+  // Embeddings (looked up on the host, from the mapped model) and positions.
+  const cpu::WeightMatrix& embd = model.token_embd();
+  const size_t embd_row = row_bytes(embd.type, size_t(E));
+  float* hx = h_x.data();
+  int32_t* hpos = h_positions.data();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+      const int64_t r = row0[i] + int64_t(t);
+      const auto* src = static_cast<const uint8_t*>(embd.data) + size_t(batch[i].tokens[t]) * embd_row;
+      cpu::dequantize_row(embd.type, src, hx + r * E, E);
+      hpos[r] = batch[i].start_pos + int32_t(t);
+    }
+  }
+  upload(x.data(), hx, size_t(T * E) * sizeof(float));
+  upload(positions.data(), hpos, size_t(T) * sizeof(int32_t));
+
   const float scale = 1.0f / std::sqrt(float(D));
-  uint16_t* hk16 = h_k16.reserve(size_t(T * kv_dim));
-  uint16_t* hv16 = h_v16.reserve(size_t(T * kv_dim));
-  float* hq = any_policy ? h_q.reserve(size_t(T * q_dim)) : nullptr;
+  uint16_t* hk16 = h_k16.data();
+  uint16_t* hv16 = h_v16.data();
+  float* hq = any_policy ? h_q.data() : nullptr;
   std::vector<float> padded;  // one row of probabilities over a head's whole table
 
   for (int l = 0; l < c.n_layer; ++l) {
@@ -527,7 +598,7 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   }
   matmul(output, xn.data(), n_logit_rows, logits.data());
   const size_t n_logits = size_t(n_logit_rows) * size_t(c.n_vocab);
-  float* hl = h_logits.reserve(n_logits);
+  float* hl = h_logits.data();
   download(hl, logits.data(), n_logits * sizeof(float));
   sync();
 

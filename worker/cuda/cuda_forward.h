@@ -37,7 +37,12 @@ class CudaForwardPass final : public ForwardBackend {
   CudaForwardPass(const CudaForwardPass&) = delete;
   CudaForwardPass& operator=(const CudaForwardPass&) = delete;
 
-  // As ForwardPass::run (same errors, same logits up to float rounding).
+  // As ForwardPass::run (same errors, same logits up to float rounding), and
+  // Error(kInvalidArgument) for an item whose start_pos is not past every
+  // position its sequence caches (attention takes a prefix of each head's
+  // slots as the causal mask; the worker always feeds forward). Every buffer
+  // is sized before the cache or a policy changes: a device out of memory is
+  // Error(kOutOfMemory) with both as they were (on every rank of a group).
   std::span<const float> run(std::span<const BatchItem> batch) override;
   double eviction_seconds() const override;
   // Bytes of device memory the weights take.

@@ -225,6 +225,18 @@ TEST_F(CudaForwardTest, BadInputIsRefusedAndTheCacheStaysUsable) {
   const auto ok = prompt_of(8, 9);
   BatchItem fine{1, ok, 0, false};
   EXPECT_EQ(pass.run({&fine, 1}).size(), size_t(c.n_vocab));
+  // Feeding a position the sequence already caches: refused, nothing changed.
+  BatchItem again{1, ok, 4, false};
+  try {
+    pass.run({&again, 1});
+    ADD_FAILURE() << "a pass over cached positions ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("already caches position 7"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cache.n_slots(1, 0, 0), 8);
+  BatchItem next{1, {ok.data(), 1}, 8, false};
+  EXPECT_EQ(pass.run({&next, 1}).size(), size_t(c.n_vocab));
   // A cache that already holds pages cannot be mirrored.
   EXPECT_THROW(CudaForwardPass(shard, solo, cache, pool, 0), Error);
   KvCache other({c.n_layer, c.n_head_kv, c.head_dim, 16, 0});

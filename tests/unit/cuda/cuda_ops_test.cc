@@ -406,6 +406,13 @@ TEST(CudaCheck, ThrowsInternalErrorNamingTheCall) {
     EXPECT_NE(message.find("cudaErrorInvalidValue"), std::string::npos) << message;
   }
   EXPECT_NO_THROW(LAZYKV_CUDA_CHECK(cudaSuccess));
+  // A failed allocation is out of memory (the worker preempts and retries).
+  try {
+    LAZYKV_CUDA_CHECK(cudaErrorMemoryAllocation);
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
+  }
 }
 
 TEST(CudaOps, RejectsUnsupportedArgumentsBeforeLaunching) {

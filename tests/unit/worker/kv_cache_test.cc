@@ -244,6 +244,7 @@ TEST(KvCache, ReportsTheWrittenPagesForAMirror) {
       }
     }
   }
+  EXPECT_EQ(cache.max_position(1), 9);
   // A grown pool's new pages are reported when written.
   const size_t before = cache.pool_pages();
   cache.add_sequence(2);
