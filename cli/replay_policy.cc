@@ -4,8 +4,10 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/commands.h"
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/flags.h"
 #include "worker/policy/trace_replay.h"
@@ -25,13 +27,17 @@ int run_replay_policy(const std::vector<std::string>& args) {
   if (path.empty()) throw Error(ErrorCode::kInvalidArgument, "replay-policy: --trace is required");
   nlohmann::json trace;
   try {
+    std::ostringstream text;
     if (path == "-") {
-      trace = nlohmann::json::parse(std::cin);
+      text << std::cin.rdbuf();
     } else {
       std::ifstream in(path);
       if (!in) throw Error(ErrorCode::kNotFound, "replay-policy: cannot open " + path);
-      trace = nlohmann::json::parse(in);
+      text << in.rdbuf();
     }
+    trace = parse_bounded_json(text.str());
+  } catch (const JsonLimitError& e) {
+    throw Error(ErrorCode::kInvalidArgument, "replay-policy: " + path + ": " + e.what());
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(ErrorCode::kInvalidArgument, "replay-policy: " + path + " is not valid JSON: " + e.what());
   }

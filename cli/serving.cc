@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "common/error.h"
 #include "coordinator/api/openai_response.h"
 #include "coordinator/grpc/grpc_api.h"
@@ -36,11 +38,12 @@ void add_serving_flags(Flags& flags) {
            "follows from the measured cost of prompt tokens (at least 16 a step, docs/serving.md); 0: no bound")
       .add("max-tokens-cap", "0", "largest max_tokens a request may ask for; 0 is the context")
       .add("max-n", "16", "largest n (choices per prompt)")
-      .add("max-body-bytes", "4194304", "largest request body; larger ones get 413")
       .add("api-key", "", "accepted API key (repeatable; LAZYKV_API_KEY in the environment); none: no authentication")
       .add("max-concurrent-per-key", "0",
            "requests in flight per API key (without keys: for all requests together); 0 is unlimited")
-      .add("drain-seconds", "30", "on SIGTERM, how long running requests may take to finish");
+      .add("drain-seconds", "30",
+           "on SIGTERM or SIGINT, how long running requests may take to finish; a second signal ends them at once");
+  add_http_flags(flags);
   add_policy_flags(flags);
 }
 
@@ -114,9 +117,49 @@ sigset_t block_termination_signals() {
   return signals;
 }
 
+namespace {
+
+// After the first SIGTERM or SIGINT: watches for a second one, which cuts
+// the drain short.
+class SecondSignal {
+ public:
+  explicit SecondSignal(const sigset_t& signals, const char* role)
+      : thread_([this, signals, role] {
+          const timespec tick{0, 100'000'000};
+          while (!done_) {
+            const int signal = sigtimedwait(&signals, nullptr, &tick);
+            if (signal > 0) {
+              std::fprintf(stderr, "lazykv %s: second %s: ending running requests now\n", role,
+                           signal == SIGTERM ? "SIGTERM" : "SIGINT");
+              received_ = true;
+              return;
+            }
+          }
+        }) {}
+  ~SecondSignal() {
+    done_ = true;
+    thread_.join();
+  }
+  bool received() const { return received_; }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<bool> received_{false};
+  std::thread thread_;
+};
+
+// Waits until `done` holds, the deadline passes or a second signal comes.
+void wait_while_draining(const std::function<bool()>& done, std::chrono::steady_clock::time_point deadline,
+                         const SecondSignal& second) {
+  while (!done() && !second.received() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
 int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, Scheduler& scheduler,
                        metrics::Registry& registry, const ServiceConfig& service, const ServeOptions& options) {
-  const int64_t port = flags.get_int_in("port", 0, 65535);
   const int64_t grpc_port = flags.get_int_in("grpc-port", -1, 65535);  // -1: off
   const double drain_seconds = flags.get_double("drain-seconds");
   if (drain_seconds < 0) throw Error(ErrorCode::kInvalidArgument, "--drain-seconds must be >= 0");
@@ -125,18 +168,20 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   OpenAiService api(tokenizer, scheduler, registry, service);
   api.set_ready(options.ready);
   if (options.live_api != nullptr) *options.live_api = &api;
-  http::ServerOptions http_options;
-  http_options.host = flags.get("host");
-  http_options.port = uint16_t(port);
-  http_options.max_body_bytes = size_t(flags.get_int_in("max-body-bytes", 1, int64_t(1) << 40));
+  http::ServerOptions http_options = http_options_from_flags(flags, role);
   http_options.error_body = [](int status, const std::string& message) {
     return api::error_body(api::ApiError(status, status >= 500 ? "server_error" : "invalid_request_error", message));
   };
+  http_options.check_header = [&api](const http::Request& head) { return api.check_header(head); };
+  http_options.on_own_answer = [&api](int status) { api.count_server_answer(status); };
   http::Server server(http_options, [&api](const http::Request& r, http::ResponseWriter& w) { api.handle(r, w); });
   server.start();
   GrpcApi grpc_api(tokenizer, scheduler, registry, service);
   std::unique_ptr<GrpcServer> grpc_server;
-  if (grpc_port >= 0) grpc_server = std::make_unique<GrpcServer>(http_options.host, int(grpc_port), grpc_api, GrpcApi::kServiceName);
+  if (grpc_port >= 0) {
+    grpc_server = std::make_unique<GrpcServer>(http_options.host, int(grpc_port), grpc_api, GrpcApi::kServiceName, 0,
+                                               grpc_api.interceptors());
+  }
 
   const std::string url = "http://" + http_options.host + ":" + std::to_string(server.port());
   std::printf("lazykv %s: model '%s' (%s) listening on %s\n", role, service.model_id.c_str(), options.detail.c_str(),
@@ -150,8 +195,9 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
 
   int signal = 0;
   sigwait(&signals, &signal);
-  std::fprintf(stderr, "lazykv %s: %s received, draining (up to %.0f s)\n", role,
+  std::fprintf(stderr, "lazykv %s: %s received, draining (up to %.0f s; a second signal ends it now)\n", role,
                signal == SIGTERM ? "SIGTERM" : "SIGINT", drain_seconds);
+  const SecondSignal second(signals, role);
   if (options.live_api != nullptr) *options.live_api = nullptr;
   api.set_ready(false);
   if (grpc_server) grpc_server->set_serving(false);
@@ -159,19 +205,21 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   server.stop_accepting();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                                 std::chrono::duration<double>(drain_seconds));
-  const bool idle = scheduler.wait_idle(deadline);
+  wait_while_draining([&] { return scheduler.running() == 0 && scheduler.waiting() == 0; }, deadline, second);
+  const bool idle = scheduler.running() == 0 && scheduler.waiting() == 0;
   // Request threads write their last bytes, within the same deadline.
-  while ((api.in_flight() > 0 || grpc_api.in_flight() > 0) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  // Sequences still running past the deadline end with a clear error, which
-  // their request threads get 2 s to write (gRPC: UNAVAILABLE; calls still
-  // running after that are cancelled).
+  wait_while_draining([&] { return api.in_flight() == 0 && grpc_api.in_flight() == 0; }, deadline, second);
+  // Sequences still running now end with a clear error, which their request
+  // threads get 2 s to write (0.5 s after a second signal; gRPC:
+  // UNAVAILABLE; calls still running after that are cancelled).
   scheduler.stop("the server is shutting down");
-  const auto last_writes = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
-  server.stop(std::chrono::milliseconds(2000));
+  const auto last_words = std::chrono::milliseconds(second.received() ? 500 : 2000);
+  const auto last_writes = std::chrono::steady_clock::now() + last_words;
+  server.stop(last_words);
   if (grpc_server) grpc_server->shutdown(last_writes);
-  std::fprintf(stderr, "lazykv %s: stopped (%s)\n", role, idle ? "all requests finished" : "drain deadline passed");
+  std::fprintf(stderr, "lazykv %s: stopped (%s)\n", role,
+               idle ? "all requests finished"
+                    : second.received() ? "running requests ended by a second signal" : "drain deadline passed");
   return 0;
 }
 

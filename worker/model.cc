@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/fp16.h"
 #include "kernels/cpu/quant.h"
@@ -240,7 +241,9 @@ void Model::load_hf(const std::string& dir) {
   hf_ = std::make_unique<HfModelDir>(HfModelDir::open(dir));
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(hf_->config_json());
+    j = parse_bounded_json(hf_->config_json());
+  } catch (const JsonLimitError& e) {
+    invalid("config.json: " + std::string(e.what()));
   } catch (const nlohmann::json::exception& e) {
     invalid("config.json: " + std::string(e.what()));
   }

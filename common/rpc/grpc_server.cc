@@ -9,7 +9,7 @@
 namespace lazykv {
 
 GrpcServer::GrpcServer(const std::string& host, int port, grpc::Service& service, std::string service_name,
-                       int max_message_bytes)
+                       int max_message_bytes, Interceptors interceptors)
     : service_name_(std::move(service_name)) {
   if (port < 0 || port > 65535) throw Error(ErrorCode::kInvalidArgument, "the port must be in [0, 65535]");
   // IPv6 literals need brackets in a gRPC address.
@@ -26,6 +26,7 @@ GrpcServer::GrpcServer(const std::string& host, int port, grpc::Service& service
     builder.SetMaxSendMessageSize(max_message_bytes);
   }
   builder.RegisterService(&service);
+  if (!interceptors.empty()) builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     if (server_) server_->Shutdown();

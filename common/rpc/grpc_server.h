@@ -6,22 +6,27 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace lazykv {
 
 class GrpcServer {
  public:
+  using Interceptors = std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>;
+
   // Listens on host:port (port 0: any free port) without TLS. `service_name`
   // is the service's full proto name, reported by the health service.
-  // `max_message_bytes` > 0 raises gRPC's message limit both ways. Throws
-  // Error(kIo) when the address cannot be bound (also when another server
-  // holds the port: SO_REUSEPORT is off).
+  // `max_message_bytes` > 0 raises gRPC's message limit both ways.
+  // `interceptors` see every call (GrpcApi counts its calls with one).
+  // Throws Error(kIo) when the address cannot be bound (also when another
+  // server holds the port: SO_REUSEPORT is off).
   GrpcServer(const std::string& host, int port, grpc::Service& service, std::string service_name,
-             int max_message_bytes = 0);
+             int max_message_bytes = 0, Interceptors interceptors = {});
   ~GrpcServer();
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;

@@ -5,8 +5,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
-#include "coordinator/tokenizer/utf8.h"
+#include "common/quote.h"
+#include "common/utf8.h"
 
 namespace lazykv::api {
 
@@ -19,13 +21,10 @@ namespace {
 // ordered_json keeps the fields in order of appearance (for ignored_fields).
 using Json = nlohmann::ordered_json;
 
-// A user-supplied string inside an error message: quoted, short, valid UTF-8.
-std::string quote(std::string_view text) {
-  constexpr size_t kMaxShown = 40;
-  std::string shown = utf8::repair(text.substr(0, kMaxShown));
-  if (text.size() > kMaxShown) shown += "...";
-  return "'" + shown + "'";
-}
+// Unknown field names are kept for the log: a few, and a short prefix of
+// each, whatever size and number a client sends.
+constexpr size_t kMaxIgnoredFieldsKept = 16;
+constexpr size_t kMaxFieldNameKept = 64;
 
 std::string format_number(double value) {
   char buf[32];
@@ -110,18 +109,33 @@ int64_t get_integer_in(const Json& value, const std::string& field, int64_t lo, 
   return v;
 }
 
-// lo_open: the lower bound itself is excluded ((0, 1] for top_p).
-double get_number_in(const Json& value, const std::string& field, double lo, double hi, bool lo_open = false) {
-  const double v = get_number(value, field);
-  const bool ok = (lo_open ? v > lo : v >= lo) && v <= hi;
+// The bounds of a number; lo_open: the lower bound itself is excluded
+// ((0, 1] for top_p). NaN is outside every range.
+struct NumberRange {
+  double lo;
+  double hi;
+  bool lo_open = false;
+};
+
+double check_number_in(double v, const std::string& field, NumberRange range) {
+  const bool ok = (range.lo_open ? v > range.lo : v >= range.lo) && v <= range.hi;
   if (!ok) {
-    throw invalid_request("'" + field + "' must be " + (lo_open ? "greater than " : "between ") + format_number(lo) +
-                              (lo_open ? " and at most " : " and ") + format_number(hi) + ", got " +
-                              format_number(v),
+    throw invalid_request("'" + field + "' must be " + (range.lo_open ? "greater than " : "between ") +
+                              format_number(range.lo) + (range.lo_open ? " and at most " : " and ") +
+                              format_number(range.hi) + ", got " + format_number(v),
                           field);
   }
   return v;
 }
+
+double get_number_in(const Json& value, const std::string& field, NumberRange range) {
+  return check_number_in(get_number(value, field), field, range);
+}
+
+constexpr NumberRange kTemperatureRange{0, 2};
+constexpr NumberRange kTopPRange{0, 1, true};
+constexpr NumberRange kMinPRange{0, 1};
+constexpr NumberRange kPenaltyRange{-2, 2};
 
 // What is known about the request while its fields are read; the rules that
 // involve several fields are checked once all are in.
@@ -354,19 +368,19 @@ const FieldRule kRules[] = {
        s.max_completion_tokens = parse_max_tokens(v, "max_completion_tokens", s.limits);
      }},
     {"temperature", Scope::kBoth, true,
-     [](ParseState& s, const Json& v) { s.request.temperature = float(get_number_in(v, "temperature", 0, 2)); }},
+     [](ParseState& s, const Json& v) { s.request.temperature = float(get_number_in(v, "temperature", kTemperatureRange)); }},
     {"top_p", Scope::kBoth, true,
      [](ParseState& s, const Json& v) {
        // A positive top_p below the smallest float keeps only the likeliest
        // token, as the smallest float does; rounded to 0 the sampler would refuse it.
-       s.request.top_p = std::max(float(get_number_in(v, "top_p", 0, 1, true)), std::numeric_limits<float>::min());
+       s.request.top_p = std::max(float(get_number_in(v, "top_p", kTopPRange)), std::numeric_limits<float>::min());
      }},
     {"top_k", Scope::kBoth, true,
      [](ParseState& s, const Json& v) {
        s.request.top_k = int(get_integer_in(v, "top_k", 0, std::numeric_limits<int32_t>::max()));
      }},
     {"min_p", Scope::kBoth, true,
-     [](ParseState& s, const Json& v) { s.request.min_p = float(get_number_in(v, "min_p", 0, 1)); }},
+     [](ParseState& s, const Json& v) { s.request.min_p = float(get_number_in(v, "min_p", kMinPRange)); }},
     {"ignore_eos", Scope::kBoth, true,
      [](ParseState& s, const Json& v) { s.request.ignore_eos = get_bool(v, "ignore_eos"); }},
     {"seed", Scope::kBoth, true,
@@ -420,13 +434,13 @@ const FieldRule kRules[] = {
      }},
     {"presence_penalty", Scope::kBoth, true,
      [](ParseState&, const Json& v) {
-       if (get_number_in(v, "presence_penalty", -2, 2) != 0) {
+       if (get_number_in(v, "presence_penalty", kPenaltyRange) != 0) {
          not_supported("A non-zero 'presence_penalty'", "presence_penalty");
        }
      }},
     {"frequency_penalty", Scope::kBoth, true,
      [](ParseState&, const Json& v) {
-       if (get_number_in(v, "frequency_penalty", -2, 2) != 0) {
+       if (get_number_in(v, "frequency_penalty", kPenaltyRange) != 0) {
          not_supported("A non-zero 'frequency_penalty'", "frequency_penalty");
        }
      }},
@@ -511,7 +525,10 @@ std::string parser_detail(const nlohmann::json::exception& e) {
 
 Json parse_body(std::string_view body) {
   try {
-    return Json::parse(body.begin(), body.end());
+    return parse_bounded_json<Json>(body);
+  } catch (const JsonLimitError&) {
+    throw invalid_request("The request body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) +
+                          " levels");
   } catch (const nlohmann::json::parse_error& e) {
     const std::string detail = parser_detail(e);
     if (detail.find("UTF-8") != std::string::npos) {
@@ -530,6 +547,18 @@ Json parse_body(std::string_view body) {
 
 }  // namespace
 
+void check_sampling_number(const std::string& field, double value) {
+  if (field == "temperature") {
+    check_number_in(value, field, kTemperatureRange);
+  } else if (field == "top_p") {
+    check_number_in(value, field, kTopPRange);
+  } else if (field == "min_p") {
+    check_number_in(value, field, kMinPRange);
+  } else if (!std::isfinite(value)) {
+    throw invalid_request("'" + field + "' must be a finite number, got " + format_number(value), field);
+  }
+}
+
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits) {
   const Json root = parse_body(body);
   if (!root.is_object()) {
@@ -541,7 +570,9 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
   for (const auto& [key, value] : root.items()) {
     const FieldRule* rule = find_rule(key, endpoint);
     if (rule == nullptr) {
-      s.request.ignored_fields.push_back(utf8::repair(key));
+      if (s.request.ignored_fields.size() < kMaxIgnoredFieldsKept) {
+        s.request.ignored_fields.push_back(printable(key, kMaxFieldNameKept));
+      }
       continue;
     }
     if (value.is_null() && rule->null_is_unset) continue;

@@ -71,7 +71,8 @@ struct GenerationRequest {
   std::optional<PolicyConfig> kv_policy;  // extension "kv_policy": {"name": ..., params...}; unset: server default
   std::string user;
   // Top-level fields lazykv does not know, in order of appearance: ignored,
-  // so newer clients keep working; the server logs each name once.
+  // so newer clients keep working; the server logs each name once. At most
+  // 16, each cut to 64 bytes with control characters escaped (printable()).
   std::vector<std::string> ignored_fields;
 };
 
@@ -83,5 +84,12 @@ struct GenerationRequest {
 // with logprobs, best_of != n, tools/functions, response_format other than
 // text). Unknown fields are not errors: they are listed in ignored_fields.
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits);
+
+// For callers that hold a request's numbers as numbers rather than JSON
+// text (gRPC, whose floats may be NaN or infinite where JSON has none):
+// throws the ApiError parse_generation_request gives for `value` in `field`
+// ("temperature", "top_p", "min_p" by their ranges; any other field when
+// the value is not finite).
+void check_sampling_number(const std::string& field, double value);
 
 }  // namespace lazykv::api

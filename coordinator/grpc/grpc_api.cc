@@ -1,15 +1,20 @@
 #include "coordinator/grpc/grpc_api.h"
 
+#include <google/protobuf/stubs/logging.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 
-#include <nlohmann/json.hpp>
-
 #include "common/error.h"
+#include "common/log_limiter.h"
 #include "common/metrics/metric_names.h"
+#include "common/quote.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/grpc/call_accounting.h"
 #include "coordinator/server/sequence_builder.h"
 
 namespace lazykv {
@@ -18,45 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // How often a call waiting for tokens checks that its client is still there.
 constexpr auto kClientPoll = std::chrono::milliseconds(50);
-
-constexpr const char* kGenerateEndpoint = "grpc_generate";
-constexpr const char* kListModelsEndpoint = "grpc_list_models";
-
-const char* code_name(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::OK: return "OK";
-    case grpc::CANCELLED: return "CANCELLED";
-    case grpc::UNKNOWN: return "UNKNOWN";
-    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::NOT_FOUND: return "NOT_FOUND";
-    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::ABORTED: return "ABORTED";
-    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::INTERNAL: return "INTERNAL";
-    case grpc::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::DATA_LOSS: return "DATA_LOSS";
-    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-  }
-}
-
-// The metrics `type` of a failed call, as the HTTP service names its statuses.
-std::string error_type(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::UNAUTHENTICATED: return "authentication";
-    case grpc::RESOURCE_EXHAUSTED: return "rate_limited";
-    case grpc::UNAVAILABLE: return "overloaded";
-    case grpc::CANCELLED: return "cancelled";
-    case grpc::INTERNAL:
-    case grpc::UNKNOWN: return "internal";
-    default: return "invalid_request";
-  }
-}
 
 // An HTTP API error as a gRPC status.
 grpc::Status to_status(const api::ApiError& e) {
@@ -97,20 +63,45 @@ nlohmann::json to_openai_body(const v1::GenerateRequest& q, api::Endpoint& endpo
       throw api::invalid_request("one of 'prompt', 'prompt_tokens' or 'chat' is required", "prompt");
   }
   if (q.has_max_tokens()) body["max_tokens"] = q.max_tokens();
-  if (q.has_temperature()) body["temperature"] = q.temperature();
-  if (q.has_top_p()) body["top_p"] = q.top_p();
+  // Checked here: JSON has no NaN or infinity (dump() writes null, which
+  // would read as "not set").
+  const auto number = [&](const char* field, bool has, float value) {
+    if (!has) return;
+    api::check_sampling_number(field, value);
+    body[field] = value;
+  };
+  number("temperature", q.has_temperature(), q.temperature());
+  number("top_p", q.has_top_p(), q.top_p());
   if (q.has_top_k()) body["top_k"] = q.top_k();
-  if (q.has_min_p()) body["min_p"] = q.min_p();
+  number("min_p", q.has_min_p(), q.min_p());
   if (q.has_seed()) body["seed"] = q.seed();
   if (!q.stop().empty()) body["stop"] = std::vector<std::string>(q.stop().begin(), q.stop().end());
   if (q.has_n()) body["n"] = q.n();
   if (q.ignore_eos()) body["ignore_eos"] = true;
   if (q.has_kv_policy() && (!q.kv_policy().name().empty() || !q.kv_policy().params().empty())) {
     nlohmann::json policy = {{"name", q.kv_policy().name()}};
-    for (const auto& [name, value] : q.kv_policy().params()) policy[name] = value;
+    for (const auto& [name, value] : q.kv_policy().params()) {
+      api::check_sampling_number("kv_policy." + name, value);
+      policy[name] = value;
+    }
     body["kv_policy"] = std::move(policy);
   }
   return body;
+}
+
+// protobuf logs one line for every message with invalid UTF-8 in a string
+// field, which any client can send: at most a few a minute reach the log.
+void limited_protobuf_log(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  static LogLimiter limiter("protobuf", 10, std::chrono::minutes(1));
+  static constexpr const char* kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
+  const int index = std::clamp(int(level), 0, 3);
+  limiter.write(std::string("[libprotobuf ") + kLevels[index] + " " + file + ":" + std::to_string(line) + "] " +
+                printable(message, 1024));
+}
+
+void limit_protobuf_log() {
+  static std::once_flag once;
+  std::call_once(once, [] { google::protobuf::SetLogHandler(&limited_protobuf_log); });
 }
 
 // Holds Generate's in-flight count for the call's lifetime.
@@ -129,12 +120,14 @@ GrpcApi::GrpcApi(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Regi
       prompts_(tokenizer),
       scheduler_(scheduler),
       metrics_(metrics),
-      config_(std::move(config)) {}
+      config_(std::move(config)) {
+  limit_protobuf_log();
+}
 
-grpc::Status GrpcApi::finish(const std::string& endpoint, grpc::Status status) {
-  metrics_.counter(metrics::kRequests, {endpoint, code_name(status.error_code())}).inc();
-  if (!status.ok()) metrics_.counter(metrics::kErrors, {error_type(status.error_code())}).inc();
-  return status;
+GrpcServer::Interceptors GrpcApi::interceptors() {
+  GrpcServer::Interceptors list;
+  list.push_back(std::make_unique<CallAccountingFactory>(metrics_));
+  return list;
 }
 
 grpc::Status GrpcApi::authenticate(const grpc::ServerContext& context, std::string* key) const {
@@ -155,12 +148,12 @@ grpc::Status GrpcApi::authenticate(const grpc::ServerContext& context, std::stri
 
 grpc::Status GrpcApi::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest*,
                                  v1::ListModelsResponse* response) {
-  if (grpc::Status auth = authenticate(*context); !auth.ok()) return finish(kListModelsEndpoint, auth);
+  if (grpc::Status auth = authenticate(*context); !auth.ok()) return auth;
   v1::Model* model = response->add_models();
   model->set_id(config_.model_id);
   model->set_context_length(scheduler_.worker_info().n_ctx);
   model->set_owned_by("lazykv");
-  return finish(kListModelsEndpoint, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -168,7 +161,7 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
   const auto arrival = Clock::now();
   InFlight in_flight(in_flight_);
   std::string key;
-  if (grpc::Status auth = authenticate(*context, &key); !auth.ok()) return finish(kGenerateEndpoint, auth);
+  if (grpc::Status auth = authenticate(*context, &key); !auth.ok()) return auth;
 
   std::vector<SequenceHandle> handles;
   KeyLimiter::Slot slot;
@@ -199,11 +192,11 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
     try {
       handles = scheduler_.submit(std::move(sequences));
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::kUnavailable) return finish(kGenerateEndpoint, {grpc::UNAVAILABLE, e.what()});
+      if (e.code() == ErrorCode::kUnavailable) return {grpc::UNAVAILABLE, e.what()};
       throw api::invalid_request(e.what(), input);
     }
   } catch (const api::ApiError& e) {
-    return finish(kGenerateEndpoint, to_status(e));
+    return to_status(e);
   }
 
   // Stream the sequences' events.
@@ -265,15 +258,15 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
     for (const SequenceHandle& h : handles) scheduler_.cancel(h.id);
   }
   metrics_.histogram(metrics::kRequestDuration).observe(std::chrono::duration<double>(Clock::now() - arrival).count());
-  if (client_gone) return finish(kGenerateEndpoint, {grpc::CANCELLED, "the client cancelled the call"});
-  if (failure) return finish(kGenerateEndpoint, *failure);
+  if (client_gone) return {grpc::CANCELLED, "the client cancelled the call"};
+  if (failure) return *failure;
   usage.set_total_tokens(usage.prompt_tokens() + usage.completion_tokens());
   message.Clear();
   *message.mutable_usage() = usage;
   if (!writer->Write(message)) {
-    return finish(kGenerateEndpoint, {grpc::CANCELLED, "the client cancelled the call"});
+    return {grpc::CANCELLED, "the client cancelled the call"};
   }
-  return finish(kGenerateEndpoint, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 }  // namespace lazykv

@@ -35,6 +35,11 @@ class GrpcApi final : public lazykv::v1::Lazykv::Service {
   // Generate calls being answered now.
   int in_flight() const { return in_flight_.load(); }
 
+  // What the GrpcServer running this API must install: the accounting of
+  // every call in the metrics (call_accounting.h), also of calls that end
+  // before a method runs.
+  GrpcServer::Interceptors interceptors();
+
   // The health service names this service by its full proto name.
   static constexpr const char* kServiceName = "lazykv.v1.Lazykv";
 
@@ -43,8 +48,6 @@ class GrpcApi final : public lazykv::v1::Lazykv::Service {
   // "authorization: Bearer <key>" metadata.
   // On success *key (when given) is the caller's key ("" with keys off).
   grpc::Status authenticate(const grpc::ServerContext& context, std::string* key = nullptr) const;
-  // Counts the call's status in kRequests (and kErrors when it failed).
-  grpc::Status finish(const std::string& endpoint, grpc::Status status);
 
   const Tokenizer& tokenizer_;
   PromptEncoder prompts_;

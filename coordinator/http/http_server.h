@@ -1,8 +1,15 @@
-// A small HTTP/1.1 server on Boost.Beast: one thread per connection,
-// keep-alive, bodies up to a size limit, whole or streamed (chunked)
-// responses. It knows nothing of the API: every request goes to one handler.
-// A client that goes away is seen by the handler (write fails, client_gone())
-// so it can cancel the work behind the request.
+// A small HTTP/1.1 server on Boost.Beast and Asio: keep-alive, bodies up to a
+// size limit, whole or streamed (chunked) responses. It knows nothing of the
+// API: every request goes to one handler.
+//
+// Connections cost memory, not threads: a few I/O threads read every
+// request asynchronously, each read bounded by a deadline (the whole header,
+// the body at a minimum rate, the idle time between requests), so a slow or
+// silent client cannot hold anything for long. Only a request read whole is
+// handed to a handler thread, which may block (generation streams from
+// there); probe paths (/health, /ready) are answered on the I/O threads and
+// never wait for a handler thread. A client that goes away is seen by the
+// handler (write fails, client_gone()) so it can cancel the work behind it.
 #pragma once
 
 #include <chrono>
@@ -10,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,7 +32,7 @@ struct Request {
   std::string path;    // the target without the query string, e.g. "/v1/completions"
   std::string query;   // after '?', or ""
   Headers headers;     // names lower-cased, in arrival order
-  std::string body;
+  std::string body;    // empty when seen by ServerOptions::check_header
   std::string remote;  // "ip:port" of the client
 
   // The first header of that (lower-case) name, or "".
@@ -54,13 +62,49 @@ using Handler = std::function<void(const Request&, ResponseWriter&)>;
 // status, message -> JSON body.
 using ErrorBodyFn = std::function<std::string(int status, const std::string& message)>;
 
+// An answer given from the request's header alone, before its body is read.
+struct EarlyAnswer {
+  int status = 0;
+  std::string body;
+  Headers headers;
+  std::string content_type = "application/json";
+};
+// Sees each request's method, path and headers (no body) on an I/O thread;
+// must not block. An answer it returns is sent instead of reading the body,
+// and the connection then closes. Used to refuse a wrong API key before a
+// 4 MiB body costs memory.
+using HeaderCheck = std::function<std::optional<EarlyAnswer>(const Request& head)>;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;                 // 0: an ephemeral port (see Server::port())
   size_t max_body_bytes = 4 << 20;      // larger bodies get 413 before the handler runs
-  int max_connections = 1024;           // beyond it new connections get 503 and are closed
-  std::chrono::seconds idle_timeout{120};  // a keep-alive connection idle this long is closed
-  ErrorBodyFn error_body;               // default: {"error": {"message": ...}}
+  // Bodies being read or handled, all connections together; a request whose
+  // body would pass it gets 503 at its header (a chunked body counts as
+  // max_body_bytes). Bounds the memory a flood of large bodies can take.
+  size_t max_body_memory = size_t(256) << 20;
+  int max_connections = 10000;          // beyond it new connections get 503 (probe_slots aside)
+  int max_connections_per_address = 256;  // from one client address; 0: no limit (behind a proxy)
+  // Connections taken past either cap that may only ask for a probe path,
+  // within probe_header_timeout, so that liveness and readiness probes are
+  // answered while the caps are full.
+  int probe_slots = 32;
+  std::vector<std::string> probe_paths = {"/health", "/ready"};  // the handler must not block for these
+  std::chrono::milliseconds header_timeout{10'000};  // request line and headers, whole
+  std::chrono::milliseconds probe_header_timeout{2'000};
+  // The body must arrive within body_timeout plus one second for every
+  // min_body_rate bytes received (Apache's mod_reqtimeout rule).
+  std::chrono::milliseconds body_timeout{10'000};
+  size_t min_body_rate = 1024;                           // bytes per second; 0: body_timeout for the whole body
+  std::chrono::milliseconds keep_alive_timeout{60'000};  // idle between requests
+  std::chrono::milliseconds write_timeout{60'000};       // one write the client does not take in
+  int io_threads = 2;
+  int handler_threads = 512;  // requests handled at once; more wait for a thread, unread
+  HeaderCheck check_header;   // optional
+  // Called for each answer the server gives itself (400, 408, 413, 431,
+  // 503), so they can be counted; from an I/O thread, must not block.
+  std::function<void(int status)> on_own_answer;
+  ErrorBodyFn error_body;  // default: {"error": {"message": ...}}
 };
 
 class Server {
@@ -72,12 +116,14 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   uint16_t port() const;
-  void start();           // starts the accept thread
+  void start();           // starts the I/O threads and accepting
   void stop_accepting();  // closes the listener; running connections go on
-  // Closes the listener, waits up to `grace` for running requests to finish,
-  // then closes every connection and joins all threads. Not from a handler
-  // (it would wait for itself).
+  // Closes the listener and every idle connection, waits up to `grace` for
+  // running requests to finish, then cuts the connections still running
+  // (their handlers see writes fail) and waits for their handlers to return.
+  // Not from a handler (it would wait for itself).
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
+  // Connections open now (those being turned away aside).
   int active_connections() const;
 
  private:

@@ -241,20 +241,19 @@ void Scheduler::on_token(Sequence& seq, const SampledToken& sampled) {
   seq.last_token = now;
   seq.generated.push_back(sampled.token);
   metrics_.counter(metrics::kGenerationTokens).inc();
-  if (!seq.request.ignore_eos && tokenizer_.is_end_of_generation(sampled.token)) {
-    finish(seq, "stop");
-    return;
-  }
+  // The end-of-generation token adds no text, but it is a token of the
+  // completion: counted in usage, so it has its event (and log-probability).
+  const bool ends = !seq.request.ignore_eos && tokenizer_.is_end_of_generation(sampled.token);
   SequenceEvent event;
   event.kind = SequenceEvent::Kind::kToken;
   event.sequence = seq.id;
-  event.text = seq.stop.push(seq.decoder.push(sampled.token));
+  if (!ends) event.text = seq.stop.push(seq.decoder.push(sampled.token));
   event.token.id = sampled.token;
   event.token.bytes = tokenizer_.token_bytes(sampled.token);
   event.token.logprob = sampled.logprob;
   for (const auto& [id, lp] : sampled.top) event.token.top.emplace_back(tokenizer_.token_bytes(id), lp);
   seq.stream->push(std::move(event));
-  if (seq.stop.stopped()) {
+  if (ends || seq.stop.stopped()) {
     finish(seq, "stop");
   } else if (int32_t(seq.generated.size()) >= seq.request.max_new_tokens ||
              int64_t(seq.request.prompt.size() + seq.generated.size()) >= info_.n_ctx) {

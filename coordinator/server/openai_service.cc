@@ -8,7 +8,7 @@
 #include "common/random.h"
 #include "coordinator/api/openai_response.h"
 #include "coordinator/server/sequence_builder.h"
-#include "coordinator/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace lazykv {
 namespace {
@@ -84,11 +84,33 @@ std::string OpenAiService::authenticate(const http::Request& request) const {
                       "", "invalid_api_key");
 }
 
+std::optional<http::EarlyAnswer> OpenAiService::check_header(const http::Request& head) {
+  const std::string& path = head.path;
+  std::string endpoint;
+  if (path == "/v1/completions") {
+    endpoint = endpoint_name(api::Endpoint::kCompletions);
+  } else if (path == "/v1/chat/completions") {
+    endpoint = endpoint_name(api::Endpoint::kChatCompletions);
+  } else if (path == "/v1/models" || path.starts_with("/v1/models/")) {
+    endpoint = "models";
+  } else {
+    return std::nullopt;  // no key needed, or an unknown URL (404 from handle())
+  }
+  try {
+    authenticate(head);
+    return std::nullopt;
+  } catch (const api::ApiError& e) {
+    count(endpoint, e.status);
+    return http::EarlyAnswer{e.status, api::error_body(e), {{"WWW-Authenticate", "Bearer"}}};
+  }
+}
+
 void OpenAiService::log_ignored_fields(const std::vector<std::string>& fields) {
+  // The names are short and printable already (parse_generation_request).
   std::lock_guard lock(mutex_);
   for (const std::string& f : fields) {
     if (logged_fields_.size() < 256 && logged_fields_.insert(f).second) {
-      std::fprintf(stderr, "lazykv serve: ignoring the unknown request field '%s' (logged once)\n", f.c_str());
+      field_log_.write("lazykv serve: ignoring the unknown request field '" + f + "' (logged once)");
     }
   }
 }

@@ -8,10 +8,12 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "common/metrics/registry.h"
 #include "coordinator/api/openai_request.h"
 #include "coordinator/http/http_server.h"
@@ -21,13 +23,17 @@
 
 namespace lazykv {
 
-
 class OpenAiService {
  public:
   OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config);
 
   // The http::Handler.
   void handle(const http::Request& request, http::ResponseWriter& out);
+  // The http::HeaderCheck: a request without a valid API key is answered 401
+  // from its header, before its body is read.
+  std::optional<http::EarlyAnswer> check_header(const http::Request& head);
+  // Counts an answer the HTTP server gave itself (400, 408, 413, 431, 503).
+  void count_server_answer(int status) { count("http", status); }
 
   // /ready answers 200 only while ready (model loaded, not draining).
   void set_ready(bool ready) { ready_ = ready; }
@@ -51,7 +57,8 @@ class OpenAiService {
   std::atomic<bool> ready_{true};
   std::atomic<int> in_flight_{0};
   std::mutex mutex_;
-  std::set<std::string> logged_fields_;
+  std::set<std::string> logged_fields_;  // names already logged, at most 256
+  LogLimiter field_log_{"unknown request field", 20, std::chrono::minutes(1)};
 };
 
 }  // namespace lazykv

@@ -1,6 +1,6 @@
 #include "coordinator/tokenizer/byte_level.h"
 
-#include "coordinator/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace lazykv::byte_level {
 namespace {

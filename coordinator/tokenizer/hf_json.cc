@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
@@ -27,8 +28,6 @@ constexpr std::string_view kQwen2Regex =
 constexpr std::string_view kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-// Real files nest under 10 levels; deeper ones would recurse in copies and dumps.
-constexpr int kMaxJsonDepth = 64;
 // tokenizer.json of a 256k vocabulary is about 20 MB.
 constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;
 
@@ -50,13 +49,9 @@ std::string read_file(const fs::path& path) {
 json parse_json(const fs::path& path) {
   const std::string text = read_file(path);
   try {
-    return json::parse(text, [&](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxJsonDepth) {
-        throw Error(ErrorCode::kInvalidModel,
-                    path.string() + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-      }
-      return true;
-    });
+    return parse_bounded_json(text);
+  } catch (const JsonLimitError& e) {
+    throw Error(ErrorCode::kInvalidModel, path.string() + ": " + e.what());
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidModel, path.string() + ": invalid JSON: " + e.what());
   }

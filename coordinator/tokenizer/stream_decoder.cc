@@ -1,7 +1,7 @@
 // StreamDecoder: emits only complete UTF-8, holding back a sequence that a
 // later token may finish (byte-level tokens often split multi-byte characters).
 #include "coordinator/tokenizer/tokenizer.h"
-#include "coordinator/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace lazykv {
 

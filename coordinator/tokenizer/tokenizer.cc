@@ -7,7 +7,7 @@
 #include "coordinator/tokenizer/bpe.h"
 #include "coordinator/tokenizer/byte_level.h"
 #include "coordinator/tokenizer/pre_tokenizer.h"
-#include "coordinator/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace lazykv {
 namespace {

@@ -24,6 +24,16 @@ start_server() {
   [ -n "$url" ] || { cat "$log" >&2; echo "FAILED: the server did not start" >&2; exit 1; }
 }
 
+# stream_to FILE BODY [CURL ARGS...]: a streamed completion in the background
+# into FILE; sets $stream_pid and returns once its first event arrived.
+stream_to() {
+  local file=$1 body=$2
+  shift 2
+  curl -sN "$url/v1/completions" -H 'Content-Type: application/json' "$@" -d "$body" >"$file" &
+  stream_pid=$!
+  for _ in $(seq 1 100); do grep -q '^data: {' "$file" 2>/dev/null && break; sleep 0.1; done
+}
+
 start_server --grpc-port 0
 model=$(curl -sf "$url/v1/models" | json_get 'd["data"][0]["id"]')
 check "GET /v1/models names a model ($model)" test -n "$model"
@@ -78,13 +88,37 @@ code=$(status_of "$url/v1/chat/completions" -H 'Content-Type: application/json' 
 check "unknown fields are ignored -> 200" test "$code" = 200
 check "the unknown field is logged once" test "$(grep -c "some_future_field" "$server_log")" = 1
 
+# Issue 19's crash: a value nested 150,000 levels deep in a member that is
+# not the last (300 KB) killed the process; now a 400, whatever member.
+for member in prompt extra; do
+  /usr/bin/python3 -c "import sys; n = 150000; sys.stdout.write('{\"$member\": ' + '[' * n + ']' * n + ', \"model\": \"m\", \"prompt\": \"p\"}')" >"$work/deep"
+  code=$(status_of "$url/v1/completions" -H 'Content-Type: application/json' --data-binary @"$work/deep")
+  check "150,000 levels deep in '$member' -> 400 ($(json_get 'd["error"]["message"]' <"$work/body" 2>/dev/null))" test "$code" = 400
+done
+check "the server survived the deep bodies" test "$(status_of "$url/health")" = 200
+# A field name that would forge a log line is logged escaped.
+code=$(status_of "$url/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "'$model'", "prompt": "x", "max_tokens": 1, "a\nlazykv serve: forged line\u001b[2J": 1}')
+check "a field name with a newline and an escape -> 200" test "$code" = 200
+check "... is logged escaped, on one line" grep -qF 'a\x0alazykv serve: forged line\x1b[2J' "$server_log"
+check "... and forges no line" test "$(grep -c '^lazykv serve: forged line' "$server_log")" = 0
+# Unknown field names: 40 requests, each with a new 4 MB name. Kept and
+# logged as a short prefix, at most 20 such lines a minute.
+log_before=$(stat -c %s "$server_log")
+rss_before=$(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status")
+for i in $(seq 1 40); do
+  /usr/bin/python3 -c "import sys; sys.stdout.write('{\"model\": \"$model\", \"prompt\": \"x\", \"max_tokens\": 1, \"f$i' + 'n' * 4000000 + '\": 1}')" >"$work/big_name"
+  status_of "$url/v1/completions" -H 'Content-Type: application/json' --data-binary @"$work/big_name" >"$work/big_name.code"
+done
+check "requests with 4 MB field names -> 200" test "$(cat "$work/big_name.code")" = 200
+log_growth=$(( $(stat -c %s "$server_log") - log_before ))
+rss_growth=$(( $(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status") - rss_before ))
+check "40 new 4 MB field names add $log_growth bytes of log (under 4 KB: 20 lines of 64-byte names)" test "$log_growth" -lt 4096
+check "... and ${rss_growth} KiB of memory (under 32 MiB; was 160 MiB)" test "$rss_growth" -lt 32768
+
 # A client that goes away cancels its sequence and frees its KV.
-curl -sN "$url/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "'$model'", "prompt": "Tell a long story.", "max_tokens": 2000, "ignore_eos": true, "stream": true, "kv_policy": {"name": "full"}}' \
-  >"$work/cut" &
-cut_pid=$!
-for _ in $(seq 1 100); do grep -q '^data: {' "$work/cut" 2>/dev/null && break; sleep 0.1; done
-kill "$cut_pid" 2>/dev/null; wait "$cut_pid" 2>/dev/null
+stream_to "$work/cut" '{"model": "'$model'", "prompt": "Tell a long story.", "max_tokens": 2000, "ignore_eos": true, "stream": true, "kv_policy": {"name": "full"}}'
+kill "$stream_pid" 2>/dev/null; wait "$stream_pid" 2>/dev/null
 idle=""
 for _ in $(seq 1 300); do
   m=$(curl -s "$url/metrics")
@@ -141,13 +175,9 @@ if [ -n "$grpc_tests" ]; then
 fi
 
 # Graceful drain: SIGTERM while a stream runs; the stream completes, the exit status is 0.
-curl -sN "$url/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "'$model'", "prompt": "Once upon a time", "max_tokens": 48, "stream": true, "kv_policy": {"name": "full"}}' \
-  >"$work/drain" &
-drain_pid=$!
-for _ in $(seq 1 100); do grep -q '^data: {' "$work/drain" 2>/dev/null && break; sleep 0.1; done
+stream_to "$work/drain" '{"model": "'$model'", "prompt": "Once upon a time", "max_tokens": 48, "stream": true, "kv_policy": {"name": "full"}}'
 kill -TERM "$server_pid"
-wait "$drain_pid"
+wait "$stream_pid"
 check "the in-flight stream finished during the drain" test "$(grep '^data: ' "$work/drain" | tail -1)" = "data: [DONE]"
 wait "$server_pid"
 check "SIGTERM exits 0" test $? = 0
@@ -158,15 +188,30 @@ check "no key -> 401" test "$(status_of "$url/v1/models")" = 401
 check "wrong key -> 401" test "$(status_of "$url/v1/models" -H 'Authorization: Bearer nope')" = 401
 check "right key -> 200" test "$(status_of "$url/v1/models" -H 'Authorization: Bearer secret-1')" = 200
 check "health needs no key" test "$(status_of "$url/health")" = 200
-curl -sN "$url/v1/completions" -H 'Authorization: Bearer secret-1' -H 'Content-Type: application/json' \
-  -d '{"model": "'$model'", "prompt": "Once", "max_tokens": 400, "stream": true, "kv_policy": {"name": "full"}}' \
-  >"$work/first" &
-first_pid=$!
-for _ in $(seq 1 100); do grep -q '^data: {' "$work/first" 2>/dev/null && break; sleep 0.1; done
+stream_to "$work/first" '{"model": "'$model'", "prompt": "Once", "max_tokens": 400, "stream": true, "kv_policy": {"name": "full"}}' \
+  -H 'Authorization: Bearer secret-1'
 check "a second concurrent request of the key -> 429" test "$(status_of "$url/v1/completions" -H 'Authorization: Bearer secret-1' \
   -H 'Content-Type: application/json' -d '{"model": "'$model'", "prompt": "x", "max_tokens": 1}')" = 429
-kill "$first_pid" 2>/dev/null
+kill "$stream_pid" 2>/dev/null
 kill -TERM "$server_pid"; wait "$server_pid"
+
+# A second signal during the drain ends it at once: the running stream gets
+# the shutdown error, then [DONE], and the process exits 0 well before
+# --drain-seconds.
+start_server --drain-seconds 60
+stream_to "$work/second" '{"model": "'$model'", "prompt": "Once", "max_tokens": 4000, "ignore_eos": true, "stream": true}'
+kill -TERM "$server_pid"
+sleep 0.5
+started=$(date +%s%N)
+kill -INT "$server_pid"
+wait "$server_pid"
+code=$?
+elapsed_ms=$(( ($(date +%s%N) - started) / 1000000 ))
+wait "$stream_pid"
+check "a second signal exits 0 ($code) in ${elapsed_ms} ms (under 3 s)" test "$code" = 0 -a "$elapsed_ms" -lt 3000
+check "... the running stream got the shutdown error" grep -q '"message":"the server is shutting down"' "$work/second"
+check "... then [DONE]" test "$(grep '^data: ' "$work/second" | tail -1)" = "data: [DONE]"
+check "... and the log says why it stopped" grep -q "ended by a second signal" "$server_log"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed; server log:" >&2

@@ -30,15 +30,27 @@ for format in "${targets[@]}"; do
   fi
 done
 
+# Targets that parse JSON get a dictionary of its nesting tokens, so that
+# mutations build deep values in any member (issue 19's crash was one).
+declare -A dictionaries=([openai_request]=json.dict [policy_trace]=json.dict)
+# Every target runs on a small stack: recursion that grows with the input
+# (which a 64 KB input cannot push through the usual 8 MB) then crashes here
+# instead of in production on a larger input. The bounded recursion of the
+# parsers (JSON 64 levels, chat templates 128 and 500) fits with room.
+stack_kib=1024
+
 # run_one FORMAT: the target over a scratch corpus; its output to FORMAT.log,
 # its exit status to FORMAT.status.
 run_one() {
   local format=$1 work="$scratch/$1"
   mkdir -p "$work/corpus"
   cp -r "$src_dir/corpus/$format/." "$work/corpus/"
+  local dict=()
+  if [[ -n "${dictionaries[$format]:-}" ]]; then dict=(-dict="$src_dir/dict/${dictionaries[$format]}"); fi
   local status=0
+  ulimit -s "$stack_kib"
   "$build_dir/tests/fuzz/${format}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/${format}-" \
+    -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/${format}-" "${dict[@]}" \
     "$work/corpus" >"$work.log" 2>&1 || status=$?
   echo "$status" >"$work.status"
 }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/quote.h"
 
 namespace lazykv {
 namespace {
@@ -71,26 +72,6 @@ size_t min_encoded_size(GgufType t) {
   if (t == GgufType::kString) return 8;              // length
   if (t == GgufType::kArray) return 4 + 8;           // element type + count
   return scalar_size(t);
-}
-
-std::string quote(std::string_view s) {
-  // Names come from untrusted files: keep messages printable and short.
-  std::string out = "'";
-  const size_t limit = 120;
-  for (size_t i = 0; i < s.size() && i < limit; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (s.size() > limit) out += "...";
-  out += "'";
-  return out;
 }
 
 // Bounds-checked little-endian cursor over the file bytes.

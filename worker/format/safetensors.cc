@@ -11,7 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
+#include "common/quote.h"
 
 namespace lazykv {
 namespace {
@@ -19,7 +21,7 @@ namespace {
 using nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
-constexpr int kMaxJsonDepth = 16;
+constexpr int kMaxHeaderDepth = 16;
 
 [[noreturn]] void fail(const std::string& message) {
   throw Error(ErrorCode::kInvalidModel, "safetensors: " + message);
@@ -27,25 +29,6 @@ constexpr int kMaxJsonDepth = 16;
 
 [[noreturn]] void hf_fail(const std::string& message) {
   throw Error(ErrorCode::kInvalidModel, "hf model: " + message);
-}
-
-std::string quote(std::string_view s) {
-  std::string out = "'";
-  const size_t limit = 120;
-  for (size_t i = 0; i < s.size() && i < limit; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (s.size() > limit) out += "...";
-  out += "'";
-  return out;
 }
 
 std::optional<DType> dtype_from_name(std::string_view name) {
@@ -72,10 +55,7 @@ json parse_json(std::string_view text, const std::string& what, const std::strin
     return Error(ErrorCode::kInvalidModel, prefix + message);
   };
   std::vector<std::set<std::string>> keys_by_depth;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
-    if (depth > kMaxJsonDepth) {
-      throw error(what + " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-    }
+  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
         keys_by_depth.emplace_back();
@@ -92,10 +72,11 @@ json parse_json(std::string_view text, const std::string& what, const std::strin
       default:
         break;
     }
-    return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), callback);
+    return parse_bounded_json<json>(text, kMaxHeaderDepth, size_t(1) << 30, on_event);
+  } catch (const JsonLimitError& e) {
+    throw error(what + ": " + e.what());
   } catch (const json::exception& e) {
     throw error(what + " is not valid JSON (" + e.what() + ")");
   }

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace lazykv::api {
 namespace {
@@ -264,6 +264,19 @@ TEST(OpenAiRequest, UnknownFieldsAreListedInOrder) {
   EXPECT_FALSE(c.echo);
 }
 
+TEST(OpenAiRequest, UnknownFieldNamesAreKeptShortFewAndPrintable) {
+  // A 4 MB name is kept as its first 64 bytes; a newline or an escape
+  // sequence in a name cannot forge a log line.
+  std::string body = R"({"model":"m","prompt":"p",")" + std::string(4 << 20, 'x') + R"(":1,"a\nlazykv: forged\u001b[31m":2)";
+  for (int i = 0; i < 100; ++i) body += ",\"f" + std::to_string(i) + "\":0";
+  body += "}";
+  const GenerationRequest r = parse(kComp, body);
+  ASSERT_EQ(r.ignored_fields.size(), 16u);
+  EXPECT_EQ(r.ignored_fields[0], std::string(64, 'x') + "...");
+  EXPECT_EQ(r.ignored_fields[1], "a\\x0alazykv: forged\\x1b[31m");
+  EXPECT_EQ(r.ignored_fields[15], "f13");
+}
+
 struct Rejection {
   Endpoint endpoint;
   std::string body;
@@ -467,14 +480,9 @@ TEST(OpenAiRequest, KvPolicyBuildsThroughTheCatalog) {
   EXPECT_NE(std::string(param.what()).find("bogus"), std::string::npos) << param.what();
 }
 
-TEST(OpenAiRequest, DeepNestingAndHugeValuesDoNotCrash) {
-  const int depth = 100000;
+TEST(OpenAiRequest, DeepNestingIsRefusedWhileParsingWhereverItSits) {
+  const int depth = 150000;
   const std::string deep = std::string(depth, '[') + std::string(depth, ']');
-  // Deep nesting in an ignored field, in prompt, in a message, in kv_policy.
-  EXPECT_EQ(parse(kComp, comp("\"extra\":" + deep)).ignored_fields, std::vector<std::string>{"extra"});
-  EXPECT_EQ(rejection(kComp, R"({"model":"m","prompt":)" + deep + "}").param, "prompt");
-  EXPECT_EQ(rejection(kChat, R"({"model":"m","messages":)" + deep + "}").param, "messages[0]");
-  EXPECT_EQ(rejection(kChat, chat(R"("kv_policy":{"name":"lazy","budget":)" + deep + "}")).param, "kv_policy");
   const std::string deep_objects = [] {
     std::string s;
     for (int i = 0; i < 50000; ++i) s += "{\"a\":";
@@ -482,7 +490,29 @@ TEST(OpenAiRequest, DeepNestingAndHugeValuesDoNotCrash) {
     s += std::string(50000, '}');
     return s;
   }();
-  EXPECT_EQ(rejection(kComp, comp("\"stop\":" + deep_objects)).param, "stop");
+  // The crash of issue 19: deep nesting in a member that is not the last
+  // (a copy made when the object's member vector grew recursed through it).
+  const std::vector<std::string> bodies = {
+      R"({"prompt":)" + deep + R"(,"model":"m"})",
+      R"({"extra":)" + deep + R"(,"model":"m","prompt":"hi"})",
+      comp("\"extra\":" + deep),
+      R"({"model":"m","prompt":)" + deep + "}",
+      chat(R"("kv_policy":{"name":"lazy","budget":)" + deep + "}"),
+      comp("\"stop\":" + deep_objects),
+      deep,
+  };
+  for (const std::string& body : bodies) {
+    for (const Endpoint endpoint : {kComp, kChat}) {
+      const ApiError e = rejection(endpoint, body);
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "");
+      EXPECT_EQ(std::string(e.what()), "The request body nests arrays and objects deeper than 64 levels");
+    }
+  }
+  // 64 levels (the object itself is the first) are accepted.
+  const std::string deepest_allowed = std::string(63, '[') + std::string(63, ']');
+  EXPECT_EQ(parse(kComp, comp("\"extra\":" + deepest_allowed)).ignored_fields, std::vector<std::string>{"extra"});
+  EXPECT_EQ(rejection(kComp, comp("\"extra\":[" + deepest_allowed + "]")).status, 400);
   // Unbalanced: a parse error, not a crash.
   EXPECT_EQ(rejection(kComp, std::string(depth, '[')).status, 400);
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -106,7 +107,7 @@ class GrpcApiTest : public ::testing::Test {
     config.api_keys = keys;
     config.version = "test";
     api_ = std::make_unique<GrpcApi>(*tokenizer_, *scheduler_, registry_, config);
-    server_ = std::make_unique<GrpcServer>("127.0.0.1", 0, *api_, GrpcApi::kServiceName);
+    server_ = std::make_unique<GrpcServer>("127.0.0.1", 0, *api_, GrpcApi::kServiceName, 0, api_->interceptors());
     ASSERT_GT(server_->port(), 0);
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials());
     stub_ = v1::Lazykv::NewStub(channel_);
@@ -372,6 +373,51 @@ TEST_F(GrpcApiTest, InvalidRequestsAreRejected) {
   EXPECT_GE(registry_.counter(metrics::kErrors, {"invalid_request"}).value(), 9);
   // Still serving.
   EXPECT_TRUE(generate(prompt_request("x", 2)).status.ok());
+}
+
+TEST_F(GrpcApiTest, NonFiniteNumbersAreRefusedAsTheHttpApiRefusesThem) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    std::function<void(v1::GenerateRequest&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[&](v1::GenerateRequest& r) { r.set_temperature(inf); }, "'temperature' must be between 0 and 2, got inf"},
+      {[&](v1::GenerateRequest& r) { r.set_temperature(nan); }, "'temperature' must be between 0 and 2, got nan"},
+      {[&](v1::GenerateRequest& r) { r.set_top_p(nan); }, "'top_p' must be greater than 0 and at most 1, got nan"},
+      {[&](v1::GenerateRequest& r) { r.set_min_p(-inf); }, "'min_p' must be between 0 and 1, got -inf"},
+      {[&](v1::GenerateRequest& r) { (*r.mutable_kv_policy()->mutable_params())["budget"] = inf; },
+       "'kv_policy.budget' must be a finite number, got inf"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest request = prompt_request("abc", 4);
+    c.set(request);
+    const Generated g = generate(request);
+    EXPECT_EQ(g.status.error_code(), grpc::INVALID_ARGUMENT) << c.message;
+    EXPECT_EQ(g.status.error_message(), c.message);
+  }
+  EXPECT_EQ(requests("grpc_generate", "INVALID_ARGUMENT"), double(cases.size()));
+}
+
+TEST_F(GrpcApiTest, AMessageThatDoesNotParseIsInvalidArgumentCountedAndLoggedSparingly) {
+  // A string field with invalid UTF-8: protobuf refuses the message before
+  // any method runs (and logs a line each time, on both sides here).
+  v1::GenerateRequest request = prompt_request("abc", 4);
+  request.set_prompt("bad \xff bytes");
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 30; ++i) {
+    const Generated g = generate(request);
+    EXPECT_EQ(g.status.error_code(), grpc::INVALID_ARGUMENT) << g.status.error_message();
+    EXPECT_NE(g.status.error_message().find("not valid UTF-8"), std::string::npos) << g.status.error_message();
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  for (size_t at = log.find("invalid UTF-8"); at != std::string::npos; at = log.find("invalid UTF-8", at + 1)) ++lines;
+  EXPECT_LE(lines, 10u) << log;
+  EXPECT_EQ(requests("grpc_generate", "INVALID_ARGUMENT"), 30);
+  EXPECT_EQ(registry_.counter(metrics::kErrors, {"invalid_request"}).value(), 30);
+  EXPECT_TRUE(generate(prompt_request("x", 2)).status.ok());  // still serving
 }
 
 TEST_F(GrpcApiTest, ACancelledCallFreesItsSequences) {

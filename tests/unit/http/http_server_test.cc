@@ -393,7 +393,7 @@ TEST(HttpServerTest, MaxConnectionsTurnsAwayExtraClients) {
 
 TEST(HttpServerTest, IdleConnectionIsClosedAfterTimeout) {
   ServerOptions options = local_options();
-  options.idle_timeout = std::chrono::seconds(1);
+  options.keep_alive_timeout = std::chrono::seconds(1);
   Server server(options, echo_handler);
   server.start();
   RawClient client(server.port());
@@ -404,7 +404,7 @@ TEST(HttpServerTest, IdleConnectionIsClosedAfterTimeout) {
 }
 
 TEST(HttpServerTest, StopEndsIdleKeepAliveConnection) {
-  Server server(local_options(), echo_handler);  // idle timeout 120 s
+  Server server(local_options(), echo_handler);  // keep-alive timeout 60 s
   server.start();
   RawClient client(server.port());
   client.send(get("/a"));

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <future>
+#include <optional>
 #include <set>
 
 #include "common/error.h"
@@ -156,6 +157,61 @@ TEST_F(SchedulerTest, ChunkedPrefillGivesTheSameTokensAndBoundsEveryStep) {
   }
   EXPECT_LE(over_16, 1u) << "only the whole lazy prompt may make a step of more than 16 tokens";
   EXPECT_GT(tokens.count, 10u);
+}
+
+// A real worker whose `n`-th sampled token is the end-of-text token.
+class EndingWorker final : public StepExecutor {
+ public:
+  EndingWorker(StepExecutor& inner, int32_t eos, int n) : inner_(inner), eos_(eos), n_(n) {}
+  WorkerInfo info() const override { return inner_.info(); }
+  StepResult step(const StepPlan& plan) override {
+    StepResult result = inner_.step(plan);
+    for (SampledToken& t : result.tokens) {
+      if (t.token >= 0 && ++sampled_ == n_) {
+        t.token = eos_;
+        t.logprob = -0.25f;
+      }
+    }
+    return result;
+  }
+
+ private:
+  StepExecutor& inner_;
+  int32_t eos_;
+  int n_;
+  int sampled_ = 0;
+};
+
+TEST_F(SchedulerTest, TheEndOfTextTokenIsAnEventAsItIsCountedInUsage) {
+  LocalWorker worker(*model_, worker_options());
+  const int32_t eos = tokenizer_->spec().eos_id;
+  EndingWorker ending(worker, eos, 5);
+  metrics::Registry registry;
+  Scheduler scheduler(ending, *tokenizer_, registry, SchedulerOptions{});
+  const std::vector<SequenceHandle> handles = scheduler.submit({request(0, 50)});
+  std::vector<SequenceEvent> tokens;
+  std::optional<SequenceEvent> finish;
+  std::string text;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!finish && Clock::now() < deadline) {
+    for (SequenceEvent& e : handles.front().stream->wait(std::chrono::milliseconds(50))) {
+      text += e.text;
+      if (e.kind == SequenceEvent::Kind::kToken) {
+        tokens.push_back(e);
+      } else {
+        finish = e;
+      }
+    }
+  }
+  ASSERT_TRUE(finish.has_value());
+  EXPECT_EQ(finish->finish_reason, "stop");
+  ASSERT_EQ(tokens.size(), 5u);
+  EXPECT_EQ(finish->completion_tokens, 5);
+  EXPECT_EQ(tokens.back().token.id, eos);
+  EXPECT_EQ(tokens.back().text, "");  // no text of its own
+  EXPECT_EQ(tokens.back().token.logprob, -0.25f);
+  EXPECT_EQ(tokens.back().token.bytes, tokenizer_->token_bytes(eos));
+  EXPECT_EQ(text.find(tokenizer_->token_bytes(eos)), std::string::npos);
 }
 
 // A real worker whose steps report a cost of 2 ms per decoding sequence, 1 ms

@@ -314,5 +314,36 @@ TEST_F(OpenAiServiceKeysTest, TheBearerSchemeIsCaseInsensitiveAndA401SaysWhatItW
   }
 }
 
+TEST_F(OpenAiServiceKeysTest, TheHeaderCheckRefusesAWrongKeyBeforeTheBody) {
+  const auto head = [](const std::string& path, const std::string& authorization) {
+    http::Request r;
+    r.method = "POST";
+    r.path = path;
+    if (!authorization.empty()) r.headers.push_back({"authorization", authorization});
+    return r;
+  };
+  const std::optional<http::EarlyAnswer> refused = service_->check_header(head("/v1/chat/completions", ""));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_EQ(json::parse(refused->body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(refused->headers, (http::Headers{{"WWW-Authenticate", "Bearer"}}));
+  EXPECT_TRUE(service_->check_header(head("/v1/models/x", "Bearer wrong")).has_value());
+  EXPECT_FALSE(service_->check_header(head("/v1/completions", "Bearer k1")).has_value());
+  // No key needed, or a 404 the handler gives.
+  EXPECT_FALSE(service_->check_header(head("/health", "")).has_value());
+  EXPECT_FALSE(service_->check_header(head("/nothing", "")).has_value());
+  EXPECT_EQ(registry_.counter(metrics::kRequests, {"chat_completions", "401"}).value(), 1);
+  EXPECT_EQ(registry_.counter(metrics::kRequests, {"models", "401"}).value(), 1);
+  EXPECT_EQ(registry_.counter(metrics::kErrors, {"authentication"}).value(), 2);
+}
+
+TEST_F(OpenAiServiceTest, TheServersOwnAnswersAreCounted) {
+  for (const int status : {400, 408, 408, 413, 431, 503}) service_->count_server_answer(status);
+  EXPECT_EQ(registry_.counter(metrics::kRequests, {"http", "408"}).value(), 2);
+  EXPECT_EQ(registry_.counter(metrics::kRequests, {"http", "503"}).value(), 1);
+  EXPECT_EQ(registry_.counter(metrics::kErrors, {"invalid_request"}).value(), 5);
+  EXPECT_EQ(registry_.counter(metrics::kErrors, {"overloaded"}).value(), 1);
+}
+
 }  // namespace
 }  // namespace lazykv

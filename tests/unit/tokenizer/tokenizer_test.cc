@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "coordinator/tokenizer/byte_level.h"
 #include "coordinator/tokenizer/pre_tokenizer.h"
-#include "coordinator/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace lazykv {
 namespace {

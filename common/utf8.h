@@ -1,6 +1,7 @@
-// UTF-8 helpers for the tokenizer: validation step by step (following the
-// Unicode "maximal subpart" rule, so each invalid run becomes one U+FFFD as in
-// Python's errors="replace"), and repair of invalid input.
+// UTF-8 helpers for the tokenizer, request parsing and quoting: validation
+// step by step (following the Unicode "maximal subpart" rule, so each invalid
+// run becomes one U+FFFD as in Python's errors="replace"), and repair of
+// invalid input.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "coordinator/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace lazykv::utf8 {
 
