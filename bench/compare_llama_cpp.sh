@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs `lazykv bench` and llama.cpp's llama-bench / llama-batched-bench on the
-# same GGUF with the same thread count, one after the other, and prints one
-# JSON object with both sets of numbers and the ratios (lazykv / llama.cpp).
+# Runs `lazykv bench` (f32 and int8 activations) and llama.cpp's llama-bench /
+# llama-batched-bench on the same GGUF with the same thread count, one after
+# the other, and prints one JSON object with the numbers, the ratios (lazykv /
+# llama.cpp) and each decode figure's fraction of the measured memory read
+# rate.
 # llama.cpp is built beside the project from a fetched snapshot (never
 # committed); pass its build/bin folder.
 #   usage: bench/compare_llama_cpp.sh LLAMA_CPP_BIN_DIR [MODEL] [THREADS]
@@ -14,7 +16,10 @@ threads=${3:-$(nproc)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# Both activation modes: f32 (exact, the default) and int8 (llama.cpp's kind of arithmetic).
 "${LAZYKV_BIN:-$root/build/cli/lazykv}" bench --model "$model" --threads "$threads" >"$tmp/lazykv.json"
+"${LAZYKV_BIN:-$root/build/cli/lazykv}" bench --model "$model" --threads "$threads" --activations int8 \
+  >"$tmp/lazykv_int8.json"
 # pp512 and tg128 (llama-bench's standard tests), 5 repetitions.
 "$bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 5 -o json >"$tmp/bench.json" 2>/dev/null
 # Decode at depth: 2048 tokens of context, then 128 generated; and batch 8.
@@ -25,6 +30,7 @@ python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
 ours = json.load(open(f"{tmp}/lazykv.json"))
+ours_int8 = json.load(open(f"{tmp}/lazykv_int8.json"))
 bench = json.load(open(f"{tmp}/bench.json"))
 def s_tg(path):  # S_TG t/s column of the last table row
     rows = [l for l in open(path) if l.startswith("|") and l.split("|")[1].strip().isdigit()]
@@ -39,8 +45,18 @@ keys = list(peer)
 print(json.dumps({
     "threads": ours["threads"],
     "lazykv": {k: round(ours[k], 1) for k in keys} | {"peak_rss_bytes": ours["peak_rss_bytes"]},
+    "lazykv_int8": {k: round(ours_int8[k], 1) for k in keys},
     "llama_cpp": {k: round(v, 1) for k, v in peer.items()},
     "ratio_lazykv_over_llama_cpp": {k: round(ours[k] / peer[k], 2) for k in keys},
+    "ratio_lazykv_int8_over_llama_cpp": {k: round(ours_int8[k] / peer[k], 2) for k in keys},
+    # Decode weight reads against this machine's measured memory read rate
+    # (lazykv bench's "memory"), for lazykv's two modes and llama.cpp.
+    "memory": {"read_gb_s": round(ours["memory"]["read_gb_s"], 1), "copy_gb_s": round(ours["memory"]["copy_gb_s"], 1)},
+    "fraction_of_read_bandwidth": {
+        name: {k: round(ours["memory"]["decode_weight_bytes"] * fig[k] / (8 if "batch8" in k else 1)
+                        / (ours["memory"]["read_gb_s"] * 1e9), 2)
+               for k in keys if k.startswith("decode")}
+        for name, fig in (("lazykv", ours), ("lazykv_int8", ours_int8), ("llama_cpp", peer))},
     "llama_cpp_notes": "prefill/decode_ctx128: llama-bench pp512/tg128 (-r 5); ctx2048 and batch8: llama-batched-bench S_TG",
 }, indent=2))
 PY

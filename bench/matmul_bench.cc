@@ -106,7 +106,7 @@ void OtherTypes(benchmark::internal::Benchmark* b) {
 void LargerModelShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "batch", "threads", "int8"});
   for (int64_t precision : {0, 1}) {
-    for (int64_t batch : {1, 8}) {
+    for (int64_t batch : {1, 2, 4, 8}) {
       b->Args({id(DType::kQ4_K), 8960, 1536, batch, 2, precision});  // MLP gate/up
       b->Args({id(DType::kQ6_K), 1536, 8960, batch, 2, precision});  // MLP down
     }

@@ -1,6 +1,8 @@
 // lazykv bench: prefill and decode throughput of a model on this machine (its
-// CPU, or a GPU with --device cuda), as JSON. Token ids are fixed
-// pseudo-random ids, so runs are comparable.
+// CPU, or a GPU with --device cuda), as JSON; on the CPU also the memory's
+// read and copy rates and the fraction of them decode uses
+// (bench_bandwidth.h). Token ids are fixed pseudo-random ids, so runs are
+// comparable.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_bandwidth.h"
 #include "cli/commands.h"
 #include "common/flags.h"
 #include "worker/compute_device.h"
@@ -214,7 +217,10 @@ int run_bench(const std::vector<std::string>& args) {
   if (policy.name != "full") out["policy_cost"] = policy_cost(bench, policy, steps);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  out["peak_rss_bytes"] = int64_t(usage.ru_maxrss) * 1024;
+  out["peak_rss_bytes"] = int64_t(usage.ru_maxrss) * 1024;  // before the bandwidth buffers below
+  if (device == ComputeDevice::kCpu && !flags.get_bool("policy-only")) {
+    out["memory"] = bandwidth_report(*m.model, measure_memory_bandwidth(pool), out);
+  }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }

@@ -27,6 +27,7 @@ packages=(
   libgloo-dev               # tensor-parallel workers: the CPU all-reduce
   curl prometheus           # end-to-end tests: a real HTTP client, promtool and a real scrape
   iproute2                  # the Helm chart's pods, each in a network namespace of its own
+  procps                    # pgrep: scripts/test.sh stops its background build on an early exit
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -8,7 +8,7 @@
 // - kInt8: activations are quantized to 8 bits per 32-element block (Q8_0,
 //   Q8_1, Q8_K) and multiplied with integer dot products, as llama.cpp does:
 //   less exact (about 2% of next-token argmaxes flip on SmolLM2). Q4_K and
-//   Q6_K weights take the kF32 path past 8 tokens, where it is faster.
+//   Q6_K weights take the kF32 path past 2 tokens, where it is faster.
 #pragma once
 
 #include <cstddef>

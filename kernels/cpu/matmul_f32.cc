@@ -27,6 +27,8 @@
 #include <type_traits>
 
 #include "common/fp16.h"
+#include "kernels/cpu/compile_time_count.h"
+#include "kernels/cpu/kquant_rows.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
 
@@ -285,27 +287,14 @@ void f32_row(const float* row, int64_t cols, const float* x, int64_t x_stride, f
   }
 }
 
-// Calls f(std::integral_constant<int, n>) for n = n_tok in [1, kFusedMaxTokens],
-// so the row kernels get their token count at compile time.
-template <typename F>
-void with_token_count(int n_tok, F&& f) {
-  static_assert(kFusedMaxTokens == 8);
-  switch (n_tok) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
-  }
-}
-
 // Rows [r_begin, r_end) against n_tok tokens, kFusedMaxTokens at a time: the
 // weight row is read from memory once and stays in L1 across the chunks.
 void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                      float* row_buf) {
+  if (kquant_rows_take(w.type, n_tok)) {  // kquant_rows.h: Q4_K and Q6_K for the fewest tokens
+    kquant_rows_f32(w, r_begin, r_end, x, n_tok, y, w.rows, row_buf);
+    return;
+  }
   const int64_t cols = w.cols;
   const size_t stride = row_bytes(w.type, size_t(cols));
   const auto* base = static_cast<const uint8_t*>(w.data);
@@ -316,7 +305,7 @@ void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, cons
     for (int t0 = 0; t0 < n_tok; t0 += kFusedMaxTokens) {
       const int nt = std::min(kFusedMaxTokens, n_tok - t0);
       const float* xc = x + int64_t(t0) * cols;
-      with_token_count(nt, [&](auto n) {
+      with_compile_time_count<kFusedMaxTokens>(nt, [&](auto n) {
         constexpr int NT = decltype(n)::value;
         switch (w.type) {
           case DType::kQ4_0: fused_row<DType::kQ4_0, NT>(row, cols, xc, cols, out); break;
@@ -367,16 +356,10 @@ void panel_tokens(const float* panel, int64_t cols, const float* x, int64_t batc
   for (; t + kTileTokens <= batch; t += kTileTokens) {
     panel_tile<kTileTokens>(panel, cols, x + t * cols, cols, y + t * y_stride, y_stride, n_rows);
   }
-  const float* xt = x + t * cols;
-  float* yt = y + t * y_stride;
-  switch (batch - t) {
-    case 0: break;
-    case 1: panel_tile<1>(panel, cols, xt, cols, yt, y_stride, n_rows); break;
-    case 2: panel_tile<2>(panel, cols, xt, cols, yt, y_stride, n_rows); break;
-    case 3: panel_tile<3>(panel, cols, xt, cols, yt, y_stride, n_rows); break;
-    case 4: panel_tile<4>(panel, cols, xt, cols, yt, y_stride, n_rows); break;
-    default: panel_tile<5>(panel, cols, xt, cols, yt, y_stride, n_rows); break;
-  }
+  if (t == batch) return;
+  with_compile_time_count<kTileTokens - 1>(int(batch - t), [&](auto n) {
+    panel_tile<decltype(n)::value>(panel, cols, x + t * cols, cols, y + t * y_stride, y_stride, n_rows);
+  });
 }
 
 // Dequantizes rows [r0, r0 + n_rows) into panel[k][i] (zero-padded to kPanelRows).
@@ -394,8 +377,9 @@ void pack_panel(const WeightMatrix& w, int64_t r0, int n_rows, float* panel, flo
 }
 
 size_t thread_floats(int64_t cols) {
-  // panel [cols][kPanelRows] + one row, rounded to 64 bytes
-  return (size_t(cols) * (kPanelRows + 1) + 15) / 16 * 16;
+  // panel [cols][kPanelRows] + one row (or the K-quant rows' scratch), rounded to 64 bytes
+  const size_t row = std::max(size_t(cols), kquant_rows_scratch_floats(cols, kKQuantRowsMaxTokens));
+  return (size_t(cols) * kPanelRows + row + 15) / 16 * 16;
 }
 
 }  // namespace

@@ -1,0 +1,108 @@
+#include "cli/bench_bandwidth.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace lazykv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kBufferBytes = size_t(1) << 30;  // past any last-level cache seen (300 MB on CI's Xeon)
+constexpr int kPasses = 3;
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(64)); }
+};
+using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+Buffer make_buffer(ThreadPool& pool) {
+  Buffer buffer(static_cast<uint8_t*>(::operator new(kBufferBytes, std::align_val_t(64))));
+  // Touched by the threads that will read it, so the pages are resident (and local) before timing.
+  pool.run([&](int thread, int n) {
+    const size_t begin = kBufferBytes * size_t(thread) / size_t(n), end = kBufferBytes * size_t(thread + 1) / size_t(n);
+    std::memset(buffer.get() + begin, 1, end - begin);
+  });
+  return buffer;
+}
+
+// Best bytes per second of pass(thread, begin, end) over the buffer split
+// across the pool's threads.
+template <typename Pass>
+double best_rate(ThreadPool& pool, Pass pass) {
+  double best = 0;
+  for (int p = 0; p < kPasses; ++p) {
+    const auto start = Clock::now();
+    pool.run([&](int thread, int n) {
+      pass(thread, kBufferBytes * size_t(thread) / size_t(n), kBufferBytes * size_t(thread + 1) / size_t(n));
+    });
+    best = std::max(best, double(kBufferBytes) / std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best;
+}
+
+size_t matrix_bytes(const cpu::WeightMatrix& w) {
+  return w.data == nullptr ? 0 : row_bytes(w.type, size_t(w.cols)) * size_t(w.rows);
+}
+
+}  // namespace
+
+MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool) {
+  const Buffer source = make_buffer(pool);
+  MemoryBandwidth out;
+  std::vector<uint64_t> sums(size_t(pool.size()) * 8);  // a cache line per thread
+  out.read_bytes_per_s = best_rate(pool, [&](int thread, size_t begin, size_t end) {
+    const auto* words = reinterpret_cast<const uint64_t*>(source.get() + begin);
+    uint64_t a = 0, b = 0, c = 0, d = 0;  // four chains: the adds keep up with memory
+    for (size_t i = 0; i + 4 <= (end - begin) / 8; i += 4) {
+      a += words[i];
+      b += words[i + 1];
+      c += words[i + 2];
+      d += words[i + 3];
+    }
+    sums[size_t(thread) * 8] = a + b + c + d;  // kept, so the reads stay
+  });
+  const Buffer target = make_buffer(pool);
+  out.copy_bytes_per_s = best_rate(pool, [&](int, size_t begin, size_t end) {
+    std::memcpy(target.get() + begin, source.get() + begin, end - begin);
+  });
+  return out;
+}
+
+size_t decode_weight_bytes(const Model& model) {
+  size_t bytes = matrix_bytes(model.output());
+  for (const LayerWeights& l : model.layers()) {
+    for (const cpu::WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      bytes += matrix_bytes(*w);
+    }
+  }
+  return bytes;
+}
+
+nlohmann::json bandwidth_report(const Model& model, const MemoryBandwidth& memory, const nlohmann::json& figures) {
+  const double weights = double(decode_weight_bytes(model));
+  nlohmann::json out = {{"read_gb_s", memory.read_bytes_per_s / 1e9},
+                        {"copy_gb_s", memory.copy_bytes_per_s / 1e9},
+                        {"decode_weight_bytes", weights}};
+  // Tokens per decode step of each figure (one per sequence).
+  const std::pair<const char*, double> decode_figures[] = {
+      {"decode_ctx128_tok_s", 1}, {"decode_ctx2048_tok_s", 1}, {"decode_batch8_ctx128_tok_s", 8}};
+  for (const auto& [name, batch] : decode_figures) {
+    if (!figures.contains(name)) continue;
+    const double weight_read = weights * figures[name].get<double>() / batch;
+    const std::string figure = std::string(name).substr(0, std::string(name).size() - 6);  // without "_tok_s"
+    out[figure + "_weight_read_gb_s"] = weight_read / 1e9;
+    out[figure + "_fraction_of_read"] = weight_read / memory.read_bytes_per_s;
+  }
+  return out;
+}
+
+}  // namespace lazykv

@@ -1,0 +1,33 @@
+// The memory-bandwidth side of `lazykv bench` on the CPU: what this
+// machine's memory delivers on the benchmark's threads, and how much of it a
+// decode step's weight reads use. Decode at batch 1 reads every weight once
+// per token, so weight bytes x tokens/s against the measured read rate says
+// how close the engine is to the memory limit.
+#pragma once
+
+#include <cstddef>
+
+#include <nlohmann/json.hpp>
+
+#include "common/thread_pool.h"
+#include "worker/model.h"
+
+namespace lazykv {
+
+struct MemoryBandwidth {
+  double read_bytes_per_s = 0;  // a streaming read (sum) of a buffer far larger than the caches
+  double copy_bytes_per_s = 0;  // memcpy of such a buffer: bytes copied (each read once, written once)
+};
+
+// Best of a few passes over 1 GiB buffers, split across the pool's threads.
+MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool);
+
+// Bytes of weights a decode step reads: every layer's matrices and the
+// output projection (the token embedding is read one row per token).
+size_t decode_weight_bytes(const Model& model);
+
+// For each decode figure of `figures` ("decode_*_tok_s"): the weight bytes
+// it reads per second and their fraction of the measured read rate.
+nlohmann::json bandwidth_report(const Model& model, const MemoryBandwidth& memory, const nlohmann::json& figures);
+
+}  // namespace lazykv

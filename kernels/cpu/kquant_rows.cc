@@ -1,0 +1,296 @@
+#include "kernels/cpu/kquant_rows.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/fp16.h"
+#include "kernels/cpu/compile_time_count.h"
+#include "kernels/cpu/quant.h"
+
+namespace lazykv::cpu {
+namespace {
+
+constexpr int kQ4kSubBlock = 32;  // Q4_K: 8 sub-blocks of 32 per super-block, each with a scale and a min
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 8 unsigned bytes widened to 8 floats.
+inline __m256 u8x8_to_float(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 s8x8_to_float(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// float(q & 15) for 8 int32 lanes. With AVX-512VL a two-table permute does
+// it on the shuffle port, leaving the FMA ports to the multiply-adds.
+inline __m256 low_nibble_to_float(__m256i q) {
+#if defined(__AVX512VL__)
+  const __m256 values_lo = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 values_hi = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm256_permutex2var_ps(values_lo, q, values_hi);  // indexes by the low 4 bits
+#else
+  return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15)));
+#endif
+}
+
+// A Q4_K super-block's 8 six-bit scales and mins, unpacked from the 12
+// packed bytes: scales 0-3 and mins 0-3 are the low 6 bits of bytes 0-3 and
+// 4-7; scales and mins 4-7 take their low 4 bits from bytes 8-11 (low and
+// high nibble) and their top 2 bits from the top of bytes 0-3 and 4-7.
+inline void q4k_scales_mins(const uint8_t* packed, uint8_t* scales, uint8_t* mins) {
+  uint32_t a, b, c;
+  std::memcpy(&a, packed, 4);
+  std::memcpy(&b, packed + 4, 4);
+  std::memcpy(&c, packed + 8, 4);
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0xc0c0c0c0;
+  const uint32_t words[4] = {a & kLow6, (c & kLow4) | ((a & kTop2) >> 2), b & kLow6,
+                             ((c >> 4) & kLow4) | ((b & kTop2) >> 2)};
+  std::memcpy(scales, words, 8);
+  std::memcpy(mins, words + 2, 8);
+}
+
+// Sums of each 32-element group of the tokens' activations: [n_tok][cols / 32].
+void group_sums(const float* x, int64_t cols, int n_tok, float* sums) {
+  const int64_t groups = cols / kQ4kSubBlock;
+  for (int t = 0; t < n_tok; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* p = x + t * cols + g * kQ4kSubBlock;
+      const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)),
+                                     _mm256_add_ps(_mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24)));
+      sums[t * groups + g] = hsum(s);
+    }
+  }
+}
+
+// kRows rows of Q4_K times NT tokens. With few tokens, each sub-block's
+// q·x is summed apart and scaled once (fewer multiplies); from 4 tokens the
+// converted weights are scaled once and shared by every token instead.
+template <int NT, int kRows>
+void q4k_tile(const uint8_t* const* rows, int64_t n_blocks, const float* x, int64_t cols, const float* xsum,
+              float* out) {
+  constexpr bool kPrescale = NT >= 4;
+  constexpr int kChains = 2;  // independent accumulators per (row, token): the low and the high nibbles
+  const int64_t groups = cols / kQ4kSubBlock;
+  __m256 acc[kRows][NT][kChains];
+  for (auto& row : acc) {
+    for (auto& token : row) {
+      for (__m256& a : token) a = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    alignas(32) float scale[kRows][8];
+    for (int i = 0; i < kRows; ++i) {
+      const auto* blk = reinterpret_cast<const BlockQ4_K*>(rows[i]) + b;
+      alignas(16) uint8_t sc[8], mn[8];
+      q4k_scales_mins(blk->scales, sc, mn);
+      _mm256_store_ps(scale[i], _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk->d)), u8x8_to_float(sc)));
+      const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk->dmin)), u8x8_to_float(mn));
+      for (int t = 0; t < NT; ++t) {
+        __m256& a = acc[i][t][1];
+        a = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xsum + t * groups + b * 8), a);
+      }
+    }
+    // Group g: 32 bytes, sub-block 2g in the low nibbles, 2g + 1 in the high.
+    for (int g = 0; g < 4; ++g) {
+      __m256 s_lo[kRows], s_hi[kRows];
+      for (int i = 0; i < kRows; ++i) {
+        s_lo[i] = _mm256_broadcast_ss(&scale[i][2 * g]);
+        s_hi[i] = _mm256_broadcast_ss(&scale[i][2 * g + 1]);
+      }
+      __m256 part[kRows][NT][2];
+      if constexpr (!kPrescale) {
+        for (auto& row : part) {
+          for (auto& token : row) token[0] = token[1] = _mm256_setzero_ps();
+        }
+      }
+      for (int h = 0; h < 4; ++h) {
+        const int64_t k = b * kQK_K + 64 * g + 8 * h;
+        __m256 x_lo[NT], x_hi[NT];
+        for (int t = 0; t < NT; ++t) {
+          x_lo[t] = _mm256_loadu_ps(x + t * cols + k);
+          x_hi[t] = _mm256_loadu_ps(x + t * cols + k + 32);
+        }
+        for (int i = 0; i < kRows; ++i) {
+          const auto* blk = reinterpret_cast<const BlockQ4_K*>(rows[i]) + b;
+          const __m256i q =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk->qs + 32 * g + 8 * h)));
+          __m256 lo = low_nibble_to_float(q);
+          __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
+          if constexpr (kPrescale) {
+            lo = _mm256_mul_ps(lo, s_lo[i]);
+            hi = _mm256_mul_ps(hi, s_hi[i]);
+          }
+          for (int t = 0; t < NT; ++t) {
+            if constexpr (kPrescale) {
+              acc[i][t][0] = _mm256_fmadd_ps(lo, x_lo[t], acc[i][t][0]);
+              acc[i][t][1] = _mm256_fmadd_ps(hi, x_hi[t], acc[i][t][1]);
+            } else {
+              part[i][t][0] = _mm256_fmadd_ps(lo, x_lo[t], part[i][t][0]);
+              part[i][t][1] = _mm256_fmadd_ps(hi, x_hi[t], part[i][t][1]);
+            }
+          }
+        }
+      }
+      if constexpr (!kPrescale) {
+        for (int i = 0; i < kRows; ++i) {
+          for (int t = 0; t < NT; ++t) {
+            acc[i][t][0] = _mm256_fmadd_ps(s_lo[i], part[i][t][0], acc[i][t][0]);
+            acc[i][t][1] = _mm256_fmadd_ps(s_hi[i], part[i][t][1], acc[i][t][1]);
+          }
+        }
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i) {
+    for (int t = 0; t < NT; ++t) {
+      __m256 sum = acc[i][t][0];
+      for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[i][t][c]);
+      out[i * NT + t] = hsum(sum);
+    }
+  }
+}
+
+// kRows Q6_K rows times NT tokens. Each half super-block's 128 six-bit
+// values are assembled as signed bytes (q - 32), 32 at a time, then widened
+// 8 at a time. Element 32·quarter + k of a half takes its low 4 bits from
+// ql (byte k or 32 + k; the low nibble for quarters 0 and 1) and its top 2
+// from qh[k] (bits 2·quarter); its sub-block of 16 is 2·quarter + k / 16.
+template <int NT, int kRows>
+void q6k_tile(const uint8_t* const* rows, int64_t n_blocks, const float* x, int64_t cols, float* out) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
+  __m256 acc[kRows][NT][2];
+  for (auto& row : acc) {
+    for (auto& token : row) token[0] = token[1] = _mm256_setzero_ps();
+  }
+  alignas(32) int8_t values[kRows][4][32];
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    alignas(32) float scale[kRows][16];
+    for (int i = 0; i < kRows; ++i) {
+      const auto* blk = reinterpret_cast<const BlockQ6_K*>(rows[i]) + b;
+      const __m256 d = _mm256_set1_ps(fp16_to_fp32(blk->d));
+      _mm256_store_ps(scale[i], _mm256_mul_ps(d, s8x8_to_float(blk->scales)));
+      _mm256_store_ps(scale[i] + 8, _mm256_mul_ps(d, s8x8_to_float(blk->scales + 8)));
+    }
+    for (int half = 0; half < 2; ++half) {
+      for (int i = 0; i < kRows; ++i) {
+        const auto* blk = reinterpret_cast<const BlockQ6_K*>(rows[i]) + b;
+        const auto* ql = reinterpret_cast<const __m256i*>(blk->ql + 64 * half);
+        const __m256i l0 = _mm256_loadu_si256(ql), l1 = _mm256_loadu_si256(ql + 1);
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * half));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45)),
+            _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, bits45)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                            _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45))};
+        for (int quarter = 0; quarter < 4; ++quarter) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(values[i][quarter]), _mm256_sub_epi8(q[quarter], offset));
+        }
+      }
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        for (int sb = 0; sb < 2; ++sb) {
+          const int64_t k = b * kQK_K + 128 * half + 32 * quarter + 16 * sb;
+          __m256 x0[NT], x1[NT];
+          for (int t = 0; t < NT; ++t) {
+            x0[t] = _mm256_loadu_ps(x + t * cols + k);
+            x1[t] = _mm256_loadu_ps(x + t * cols + k + 8);
+          }
+          for (int i = 0; i < kRows; ++i) {
+            const __m256 s = _mm256_broadcast_ss(&scale[i][8 * half + 2 * quarter + sb]);
+            const __m256 w0 = s8x8_to_float(values[i][quarter] + 16 * sb);
+            const __m256 w1 = s8x8_to_float(values[i][quarter] + 16 * sb + 8);
+            for (int t = 0; t < NT; ++t) {
+              const __m256 part = _mm256_fmadd_ps(w1, x1[t], _mm256_mul_ps(w0, x0[t]));
+              acc[i][t][sb] = _mm256_fmadd_ps(s, part, acc[i][t][sb]);
+            }
+          }
+        }
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i) {
+    for (int t = 0; t < NT; ++t) out[i * NT + t] = hsum(_mm256_add_ps(acc[i][t][0], acc[i][t][1]));
+  }
+}
+
+template <int NT>
+void q4k_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, float* y, int64_t y_stride,
+              const float* xsum) {
+  const size_t stride = row_bytes(w.type, size_t(w.cols));
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t n_blocks = w.cols / kQK_K;
+  float out[2 * NT];
+  int64_t r = r_begin;
+  if constexpr (NT == 1) {  // two rows at a time: two independent streams for the out-of-order core
+    for (; r + 2 <= r_end; r += 2) {
+      const uint8_t* rows[2] = {base + size_t(r) * stride, base + size_t(r + 1) * stride};
+      q4k_tile<1, 2>(rows, n_blocks, x, w.cols, xsum, out);
+      y[r] = out[0];
+      y[r + 1] = out[1];
+    }
+  }
+  for (; r < r_end; ++r) {
+    const uint8_t* rows[1] = {base + size_t(r) * stride};
+    q4k_tile<NT, 1>(rows, n_blocks, x, w.cols, xsum, out);
+    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = out[t];
+  }
+}
+
+template <int NT>
+void q6k_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, float* y, int64_t y_stride) {
+  const size_t stride = row_bytes(w.type, size_t(w.cols));
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t n_blocks = w.cols / kQK_K;
+  float out[2 * NT];
+  int64_t r = r_begin;
+  if constexpr (NT == 1) {  // two rows at a time, as q4k_rows
+    for (; r + 2 <= r_end; r += 2) {
+      const uint8_t* rows[2] = {base + size_t(r) * stride, base + size_t(r + 1) * stride};
+      q6k_tile<1, 2>(rows, n_blocks, x, w.cols, out);
+      y[r] = out[0];
+      y[r + 1] = out[1];
+    }
+  }
+  for (; r < r_end; ++r) {
+    const uint8_t* rows[1] = {base + size_t(r) * stride};
+    q6k_tile<NT, 1>(rows, n_blocks, x, w.cols, out);
+    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = out[t];
+  }
+}
+
+}  // namespace
+
+size_t kquant_rows_scratch_floats(int64_t cols, int n_tok) { return size_t(cols / kQ4kSubBlock) * size_t(n_tok); }
+
+void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
+                     int64_t y_stride, float* scratch) {
+  if (w.type == DType::kQ4_K) {
+    group_sums(x, w.cols, n_tok, scratch);
+    with_compile_time_count<kQ4kRowsMaxTokens>(
+        n_tok, [&](auto n) { q4k_rows<decltype(n)::value>(w, r_begin, r_end, x, y, y_stride, scratch); });
+  } else {
+    with_compile_time_count<kQ6kRowsMaxTokens>(
+        n_tok, [&](auto n) { q6k_rows<decltype(n)::value>(w, r_begin, r_end, x, y, y_stride); });
+  }
+}
+
+}  // namespace lazykv::cpu
+
+#else  // no AVX2: kHaveKQuantRows is false and nothing calls these
+
+namespace lazykv::cpu {
+size_t kquant_rows_scratch_floats(int64_t, int) { return 0; }
+void kquant_rows_f32(const WeightMatrix&, int64_t, int64_t, const float*, int, float*, int64_t, float*) {}
+}  // namespace lazykv::cpu
+
+#endif

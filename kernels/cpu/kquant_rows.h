@@ -1,0 +1,56 @@
+// Q4_K and Q6_K weight rows times f32 activations for a few tokens: the
+// decode case of the exact matmul (matmul_f32.cc), where the weights are
+// read once per step and dequantizing them costs more than reading them.
+//
+// Each row is dequantized in registers and multiplied with every token in
+// 8-float (256-bit) vectors, so AVX2 machines run the same code. The same
+// Q4_K kernel in 512-bit vectors measured about 10% slower on the AVX-512
+// Xeon that runs CI (fewer instructions, but a 512-bit operation takes both
+// of its vector ports); the widening and nibble table use AVX-512VL where
+// present.
+//
+// The scales are applied per sub-block to partial sums, and Q4_K's
+// subtracted minimum to the sub-block's sum of activations, computed once
+// per call: Σ (d·sc·q − dmin·m)·x = Σ_sb d·sc_sb·Σ q·x − dmin·m_sb·Σ x.
+// Results differ from the dequantize-then-dot order by f32 rounding only.
+// Internal to kernels/cpu.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/matmul.h"
+
+namespace lazykv::cpu {
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline constexpr bool kHaveKQuantRows = true;
+#else
+inline constexpr bool kHaveKQuantRows = false;  // the generic fused kernels run instead
+#endif
+
+// The most tokens a call takes, by type: past them matmul_f32.cc's generic
+// fused kernel, which converts each weight once for all the tokens, is the
+// faster one (bench/matmul_bench, BM_MatmulLargerModel on the CI Xeon: this
+// kernel's Q4_K is 2.2x, 1.8x, 1.3x, 0.92x the fused one at 1, 2, 4, 8
+// tokens; its Q6_K 1.3x, 1.1x, 0.97x at 1, 2, 4).
+inline constexpr int kQ4kRowsMaxTokens = 4;
+inline constexpr int kQ6kRowsMaxTokens = 2;
+inline constexpr int kKQuantRowsMaxTokens = kQ4kRowsMaxTokens;
+
+// Whether kquant_rows_f32 takes n_tok tokens of a `type` matrix.
+inline bool kquant_rows_take(DType type, int n_tok) {
+  if (!kHaveKQuantRows) return false;
+  if (type == DType::kQ4_K) return n_tok <= kQ4kRowsMaxTokens;
+  return type == DType::kQ6_K && n_tok <= kQ6kRowsMaxTokens;
+}
+
+// Floats of scratch kquant_rows_f32 needs for n_tok tokens of `cols` columns.
+size_t kquant_rows_scratch_floats(int64_t cols, int n_tok);
+
+// y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and
+// t < n_tok; x is [n_tok][w.cols]. Only where kquant_rows_take(w.type, n_tok).
+void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
+                     int64_t y_stride, float* scratch);
+
+}  // namespace lazykv::cpu
