@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "common/dtype.h"
-
 namespace lazykv {
 namespace {
 
@@ -49,10 +47,6 @@ double best_rate(ThreadPool& pool, Pass pass) {
   return best;
 }
 
-size_t matrix_bytes(const cpu::WeightMatrix& w) {
-  return w.data == nullptr ? 0 : row_bytes(w.type, size_t(w.cols)) * size_t(w.rows);
-}
-
 }  // namespace
 
 MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool) {
@@ -77,18 +71,8 @@ MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool) {
   return out;
 }
 
-size_t decode_weight_bytes(const Model& model) {
-  size_t bytes = matrix_bytes(model.output());
-  for (const LayerWeights& l : model.layers()) {
-    for (const cpu::WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      bytes += matrix_bytes(*w);
-    }
-  }
-  return bytes;
-}
-
 nlohmann::json bandwidth_report(const Model& model, const MemoryBandwidth& memory, const nlohmann::json& figures) {
-  const double weights = double(decode_weight_bytes(model));
+  const double weights = double(model.decode_weight_bytes());
   nlohmann::json out = {{"read_gb_s", memory.read_bytes_per_s / 1e9},
                         {"copy_gb_s", memory.copy_bytes_per_s / 1e9},
                         {"decode_weight_bytes", weights}};

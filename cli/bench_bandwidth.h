@@ -5,7 +5,6 @@
 // how close the engine is to the memory limit.
 #pragma once
 
-#include <cstddef>
 
 #include <nlohmann/json.hpp>
 
@@ -21,10 +20,6 @@ struct MemoryBandwidth {
 
 // Best of a few passes over 1 GiB buffers, split across the pool's threads.
 MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool);
-
-// Bytes of weights a decode step reads: every layer's matrices and the
-// output projection (the token embedding is read one row per token).
-size_t decode_weight_bytes(const Model& model);
 
 // For each decode figure of `figures` ("decode_*_tok_s"): the weight bytes
 // it reads per second and their fraction of the measured read rate.

@@ -36,6 +36,7 @@ nice -n 19 cmake --build build-san -j"$jobs" --target unit_tests fuzz_targets >/
 san_build=$!
 kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
 trap 'kill_tree "$san_build"' EXIT
+trap 'exit 143' TERM INT  # so a cancelled run stops it too (bash runs no EXIT trap when a signal kills it)
 
 stage "Release: all tests (the sanitizer build compiles meanwhile at the lowest priority)"
 (cd build && ctest --output-on-failure -j"$jobs")
@@ -44,6 +45,7 @@ stage "ASan/UBSan (clang): unit tests"
 # A failed background build is run again in the foreground, one job at a
 # time, so its errors show in order.
 wait "$san_build" || cmake --build build-san -j1 --target unit_tests fuzz_targets
+trap - EXIT TERM INT  # reaped: its process id may be reused
 (cd build-san && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS="suppressions=$root/tests/lsan.supp" \
   UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs" -L unit)
 

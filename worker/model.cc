@@ -373,13 +373,15 @@ void Model::finish() {
               std::string(dtype_traits(w.type).name) + " block size " + std::to_string(block));
     }
   };
-  weight_bytes_ = bytes(token_embd_) + (config_.tied_embeddings ? 0 : bytes(output_));
+  size_t layer_bytes = 0;
   for (const LayerWeights& w : layers_) {
     for (const cpu::WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
       check_cols(*m, "a layer weight");
-      weight_bytes_ += bytes(*m);
+      layer_bytes += bytes(*m);
     }
   }
+  weight_bytes_ = bytes(token_embd_) + (config_.tied_embeddings ? 0 : bytes(output_)) + layer_bytes;
+  decode_weight_bytes_ = layer_bytes + bytes(output_);
 }
 
 }  // namespace lazykv

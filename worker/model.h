@@ -50,6 +50,9 @@ class Model {
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const RopeTable& rope() const { return rope_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of weights a decode step reads: every layer's matrices and the
+  // output projection (the token embedding is read one row per token).
+  size_t decode_weight_bytes() const { return decode_weight_bytes_; }
 
  private:
   Model() = default;
@@ -70,6 +73,7 @@ class Model {
   std::vector<LayerWeights> layers_;
   RopeTable rope_;
   size_t weight_bytes_ = 0;
+  size_t decode_weight_bytes_ = 0;
 };
 
 // Reads the tokenizer description from GGUF metadata.

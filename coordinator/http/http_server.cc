@@ -279,4 +279,6 @@ int Server::active_connections() const {
   return impl_->state.normal + impl_->state.probes;
 }
 
+size_t Server::body_memory_in_use() const { return impl_->state.body_bytes.load(); }
+
 }  // namespace lazykv::http

@@ -125,6 +125,8 @@ class Server {
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
   // Connections open now (those being turned away aside).
   int active_connections() const;
+  // Body bytes reserved now against max_body_memory.
+  size_t body_memory_in_use() const;
 
  private:
   struct Impl;

@@ -9,19 +9,13 @@
 
 #include "common/fp16.h"
 #include "kernels/cpu/compile_time_count.h"
+#include "kernels/cpu/hsum_avx.h"
 #include "kernels/cpu/quant.h"
 
 namespace lazykv::cpu {
 namespace {
 
 constexpr int kQ4kSubBlock = 32;  // Q4_K: 8 sub-blocks of 32 per super-block, each with a scale and a min
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 8 unsigned bytes widened to 8 floats.
 inline __m256 u8x8_to_float(const uint8_t* p) {
@@ -270,7 +264,8 @@ void q6k_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float
 
 }  // namespace
 
-size_t kquant_rows_scratch_floats(int64_t cols, int n_tok) { return size_t(cols / kQ4kSubBlock) * size_t(n_tok); }
+// Q4_K's group sums, cols / 32 floats a token, fit the w.cols floats of scratch.
+static_assert(kQ4kRowsMaxTokens <= kQ4kSubBlock);
 
 void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                      int64_t y_stride, float* scratch) {
@@ -289,7 +284,6 @@ void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, cons
 #else  // no AVX2: kHaveKQuantRows is false and nothing calls these
 
 namespace lazykv::cpu {
-size_t kquant_rows_scratch_floats(int64_t, int) { return 0; }
 void kquant_rows_f32(const WeightMatrix&, int64_t, int64_t, const float*, int, float*, int64_t, float*) {}
 }  // namespace lazykv::cpu
 

@@ -36,7 +36,6 @@ inline constexpr bool kHaveKQuantRows = false;  // the generic fused kernels run
 // tokens; its Q6_K 1.3x, 1.1x, 0.97x at 1, 2, 4).
 inline constexpr int kQ4kRowsMaxTokens = 4;
 inline constexpr int kQ6kRowsMaxTokens = 2;
-inline constexpr int kKQuantRowsMaxTokens = kQ4kRowsMaxTokens;
 
 // Whether kquant_rows_f32 takes n_tok tokens of a `type` matrix.
 inline bool kquant_rows_take(DType type, int n_tok) {
@@ -45,11 +44,9 @@ inline bool kquant_rows_take(DType type, int n_tok) {
   return type == DType::kQ6_K && n_tok <= kQ6kRowsMaxTokens;
 }
 
-// Floats of scratch kquant_rows_f32 needs for n_tok tokens of `cols` columns.
-size_t kquant_rows_scratch_floats(int64_t cols, int n_tok);
-
 // y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and
-// t < n_tok; x is [n_tok][w.cols]. Only where kquant_rows_take(w.type, n_tok).
+// t < n_tok; x is [n_tok][w.cols]; scratch holds w.cols floats. Only where
+// kquant_rows_take(w.type, n_tok).
 void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                      int64_t y_stride, float* scratch);
 

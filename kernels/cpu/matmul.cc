@@ -42,7 +42,7 @@ void check_shape(const WeightMatrix& w) {
 }
 
 // Whether this product runs on the f32 kernels. With int8 activations too for
-// K-quant weights past 2 tokens: their integer dots go one (row, token) pair
+// K-quant weights past kInt8KQuantMaxTokens: their integer dots go one (row, token) pair
 // at a time, while the f32 kernels dequantize a row once for every token, and
 // were faster from 3 tokens on (one core, 1024x1536: Q4_K 4 tokens 277 against
 // 341 us, 8 tokens 505 against 684; prefill panels about twice as fast;
@@ -50,7 +50,7 @@ void check_shape(const WeightMatrix& w) {
 bool runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
   if (precision == ActivationPrecision::kF32) return true;
   const bool k_quant = w.type == DType::kQ4_K || w.type == DType::kQ6_K;
-  return k_quant && batch > 2;
+  return k_quant && batch > kInt8KQuantMaxTokens;
 }
 
 }  // namespace

@@ -5,9 +5,9 @@
 //
 // - Few tokens (decode): each weight row is streamed once and dequantized in
 //   registers block by block, then multiplied with every token's activations
-//   (fused for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; F16 and BF16 rows are
-//   dequantized into the thread's buffer first). Memory-bound, like the
-//   weights' bytes.
+//   (fused for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; Q4_K and Q6_K for the fewest
+//   tokens by kquant_rows.cc instead; F16 and BF16 rows are dequantized into
+//   the thread's buffer first). Memory-bound, like the weights' bytes.
 // - Many tokens (prefill): a panel of kPanelRows rows is dequantized and
 //   transposed into the thread's buffer ([cols][kPanelRows] f32), then an
 //   outer-product micro-kernel multiplies it with kTileTokens tokens at a time
@@ -377,9 +377,8 @@ void pack_panel(const WeightMatrix& w, int64_t r0, int n_rows, float* panel, flo
 }
 
 size_t thread_floats(int64_t cols) {
-  // panel [cols][kPanelRows] + one row (or the K-quant rows' scratch), rounded to 64 bytes
-  const size_t row = std::max(size_t(cols), kquant_rows_scratch_floats(cols, kKQuantRowsMaxTokens));
-  return (size_t(cols) * kPanelRows + row + 15) / 16 * 16;
+  // panel [cols][kPanelRows] + one row (which also holds the K-quant rows' scratch), rounded to 64 bytes
+  return (size_t(cols) * (kPanelRows + 1) + 15) / 16 * 16;
 }
 
 }  // namespace

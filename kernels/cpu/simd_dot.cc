@@ -19,6 +19,8 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LAZYKV_X86_SIMD 1
 #include <immintrin.h>
+
+#include "kernels/cpu/hsum_avx.h"
 #endif
 
 // GCC 12 reports false "may be used uninitialized" warnings from inside
@@ -31,13 +33,6 @@ namespace lazykv::cpu::simd {
 
 #if defined(LAZYKV_X86_SIMD)
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 

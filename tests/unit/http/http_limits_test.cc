@@ -250,8 +250,7 @@ TEST(HttpLimitsTest, BodyMemoryBudgetRefusesBodiesPastIt) {
   server.start();
   RawClient first(server.port());
   first.send("POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n" + std::string(10, 'a'));
-  ASSERT_TRUE(wait_until([&] { return server.active_connections() == 1; }));
-  std::this_thread::sleep_for(milliseconds(100));  // its header is read and its body reserved
+  ASSERT_TRUE(wait_until([&] { return server.body_memory_in_use() == 1000; }));  // its header read
   RawClient second(server.port());
   second.send("POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n");
   const RawResponse refused = second.read_response();
@@ -259,6 +258,7 @@ TEST(HttpLimitsTest, BodyMemoryBudgetRefusesBodiesPastIt) {
   EXPECT_NE(refused.body.find("too many request bodies"), std::string::npos) << refused.body;
   first.send(std::string(990, 'a'));
   EXPECT_EQ(first.read_response().status, 200);
+  EXPECT_TRUE(wait_until([&] { return server.body_memory_in_use() == 0; }));
   // The first body's memory is back: a body of the same size passes.
   RawClient third(server.port());
   third.send("POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n" + std::string(1000, 'c'));

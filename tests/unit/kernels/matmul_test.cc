@@ -50,8 +50,9 @@ void check_matmul(DType type, int64_t rows, int64_t cols, int64_t batch, int thr
   matmul(w, x.data(), batch, y.data(), scratch.data, pool, precision);
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(scratch.data[scratch_bytes + i], 0xA5) << "scratch overrun";
 
-  // K-quant products past 2 tokens run on the f32 kernels in int8 mode too.
-  const bool f32_kernels = precision == ActivationPrecision::kF32 || (testing::is_k_quant(type) && batch > 2);
+  // K-quant products past kInt8KQuantMaxTokens run on the f32 kernels in int8 mode too.
+  const bool f32_kernels =
+      precision == ActivationPrecision::kF32 || (testing::is_k_quant(type) && batch > kInt8KQuantMaxTokens);
   if (f32_kernels) {
     std::vector<float> w_deq(static_cast<size_t>(rows * cols));
     const size_t w_row = row_bytes(type, static_cast<size_t>(cols));
@@ -92,7 +93,7 @@ TEST_P(MatmulTest, MatchesNaiveReference) {
   const int64_t cols = testing::is_k_quant(type) ? 512 : 96;
   uint32_t seed = 1;
   for (ActivationPrecision precision : kPrecisions) {
-    for (int64_t batch : {1, 2, 3, 5, 8, 9, 64}) {
+    for (int64_t batch : {1, 2, 3, 4, 5, 8, 9, 64}) {  // 4: Q4_K's prescaled tile (kquant_rows.cc)
       for (int64_t rows : {1, 5, 37}) check_matmul(type, rows, cols, batch, threads, seed++, precision);
     }
   }
