@@ -1,7 +1,8 @@
 // lazykv bench: prefill and decode throughput of a model on this machine (its
 // CPU, or a GPU with --device cuda), as JSON; on the CPU also the memory's
 // read and copy rates and the fraction of them decode uses
-// (bench_bandwidth.h). Token ids are fixed pseudo-random ids, so runs are
+// (bench_bandwidth.h); on a GPU its copy rate and the fraction of it decode
+// uses. Token ids are fixed pseudo-random ids, so runs are
 // comparable.
 #include <sys/resource.h>
 
@@ -15,10 +16,14 @@
 
 #include "cli/bench_bandwidth.h"
 #include "cli/commands.h"
+#include "common/error.h"
 #include "common/flags.h"
 #include "worker/compute_device.h"
 #include "worker/forward.h"
 #include "worker/sampler.h"
+#ifdef LAZYKV_HAVE_CUDA
+#include "kernels/cuda/ops.h"
+#endif
 
 namespace lazykv {
 namespace {
@@ -66,18 +71,21 @@ struct Bench {
     return {c.n_layer, c.n_head_kv, c.head_dim, 64, 0};
   }
 
-  // Best-of-reps prefill throughput for one sequence of n tokens.
+  // Best-of-reps prefill throughput for one sequence of n tokens, each rep a
+  // fresh sequence on one pass; a first, untimed run warms the pass up (its
+  // buffers, and on a GPU the kernels' first loads), as decode's prompt does.
   double prefill(int n) {
     double best = 0.0;
     const auto ids = bench_tokens(n, model.config().n_vocab, 1);
-    for (int r = 0; r < reps; ++r) {
-      KvCache cache(cache_config());
-      const auto fp = pass(cache);
-      cache.add_sequence(0);
-      BatchItem item{0, ids, 0, false};
+    KvCache cache(cache_config());
+    const auto fp = pass(cache);
+    for (int r = 0; r <= reps; ++r) {
+      cache.add_sequence(r);
+      BatchItem item{r, ids, 0, false};
       const auto t = Clock::now();
       fp->run({&item, 1});
-      best = std::max(best, n / seconds_since(t));
+      if (r > 0) best = std::max(best, n / seconds_since(t));
+      cache.remove_sequence(r);
     }
     return best;
   }
@@ -168,6 +176,32 @@ nlohmann::json policy_cost(Bench& bench, const PolicyConfig& config, int steps) 
           {"full_peak_kv_bytes", double(full.peak_slots) * slot_bytes}};
 }
 
+// A comma-separated list of positive integers, or the device's default when
+// the flag was not given.
+std::vector<int> positive_list(const Flags& flags, const std::string& name, const std::string& fallback) {
+  const std::string text = flags.is_set(name) ? flags.get(name) : fallback;
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--" + name + " takes positive integers separated by commas, not '" + text + "'");
+    }
+    out.push_back(value);
+    at = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
@@ -179,7 +213,12 @@ int run_bench(const std::vector<std::string>& args) {
       .add("device", "cpu", "where the forward pass runs: cpu or cuda")
       .add("cuda-device", "-1", "with --device cuda: the CUDA device (-1: the first)")
       .add("reps", "3", "repetitions; the best is reported")
-      .add("prefill-tokens", "512", "prompt length of the prefill measurement")
+      .add("prefill-tokens", "", "prompt lengths of the prefill measurements, comma-separated (default 512; "
+                                 "cuda 512,4096); the first is also prefill_tok_s")
+      .add("decode-contexts", "", "contexts of the one-sequence decode measurements (default 128,2048; cuda "
+                                  "128,2048,8192)")
+      .add("decode-batches", "", "sequences of the batched decode measurements at context 128 (default 8; "
+                                 "cuda 8,32)")
       .add("decode-steps", "64", "decode steps per measurement")
       .add_switch("policy-only", "measure only the --kv-policy cost (skip prefill and plain decode)");
   add_policy_flags(flags);
@@ -196,7 +235,10 @@ int run_bench(const std::vector<std::string>& args) {
   Bench bench(*m.model, pool, parse_activations(flags.get("activations")), std::max(1, int(flags.get_int("reps"))),
               device, cuda_device);
   const int steps = std::max(1, int(flags.get_int("decode-steps")));
-  const int n_prefill = std::max(1, int(flags.get_int("prefill-tokens")));
+  const bool cuda = device == ComputeDevice::kCuda;
+  const std::vector<int> prefills = positive_list(flags, "prefill-tokens", cuda ? "512,4096" : "512");
+  const std::vector<int> contexts = positive_list(flags, "decode-contexts", cuda ? "128,2048,8192" : "128,2048");
+  const std::vector<int> batches = positive_list(flags, "decode-batches", cuda ? "8,32" : "8");
 
   nlohmann::json out;
   out["model"] = m.model->config().name;
@@ -208,18 +250,29 @@ int run_bench(const std::vector<std::string>& args) {
   out["activations"] = flags.get("activations");
   const PolicyConfig policy = policy_from_flags(flags);
   if (!flags.get_bool("policy-only")) {
-    out["prefill_tokens"] = n_prefill;
-    out["prefill_tok_s"] = bench.prefill(n_prefill);
-    out["decode_ctx128_tok_s"] = bench.decode(1, 128, steps);
-    out["decode_ctx2048_tok_s"] = bench.decode(1, 2048, steps);
-    out["decode_batch8_ctx128_tok_s"] = bench.decode(8, 128, steps);
+    out["prefill_tokens"] = prefills.front();
+    for (int n : prefills) out["prefill" + std::to_string(n) + "_tok_s"] = bench.prefill(n);
+    out["prefill_tok_s"] = out["prefill" + std::to_string(prefills.front()) + "_tok_s"];
+    for (int ctx : contexts) out["decode_ctx" + std::to_string(ctx) + "_tok_s"] = bench.decode(1, ctx, steps);
+    for (int b : batches) out["decode_batch" + std::to_string(b) + "_ctx128_tok_s"] = bench.decode(b, 128, steps);
   }
   if (policy.name != "full") out["policy_cost"] = policy_cost(bench, policy, steps);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   out["peak_rss_bytes"] = int64_t(usage.ru_maxrss) * 1024;  // before the bandwidth buffers below
-  if (device == ComputeDevice::kCpu && !flags.get_bool("policy-only")) {
-    out["memory"] = bandwidth_report(*m.model, measure_memory_bandwidth(pool), out);
+  if (!flags.get_bool("policy-only")) {
+    if (!cuda) {
+      out["memory"] = bandwidth_report(*m.model, measure_memory_bandwidth(pool), out);
+    } else {
+#ifdef LAZYKV_HAVE_CUDA
+      // The GPU's limit: its own device-to-device copy, counted read + write.
+      const double copy = cuda::measure_copy_rate();
+      const double weights = double(m.model->decode_weight_bytes());
+      out["device_memory"] = {{"copy_gb_s", copy / 1e9}, {"copy_read_write_gb_s", 2 * copy / 1e9},
+                              {"decode_weight_bytes", weights}};
+      out["device_memory"].update(weight_read_report(weights, 2 * copy, "copy", out));
+#endif
+    }
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;

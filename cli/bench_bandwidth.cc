@@ -71,21 +71,32 @@ MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool) {
   return out;
 }
 
+nlohmann::json weight_read_report(double weight_bytes, double limit_bytes_per_s, const std::string& limit,
+                                  const nlohmann::json& figures) {
+  nlohmann::json out;
+  for (const auto& [name, value] : figures.items()) {
+    // decode_ctx{C}_tok_s: one sequence; decode_batch{B}_ctx{C}_tok_s: B, a token each per step.
+    const std::string prefix = "decode_", suffix = "_tok_s";
+    if (name.rfind(prefix, 0) != 0 || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 || !value.is_number()) {
+      continue;
+    }
+    double batch = 1;
+    if (name.rfind("decode_batch", 0) == 0) batch = std::stod(name.substr(std::string("decode_batch").size()));
+    const double weight_read = weight_bytes * value.get<double>() / batch;
+    const std::string figure = name.substr(0, name.size() - suffix.size());
+    out[figure + "_weight_read_gb_s"] = weight_read / 1e9;
+    out[figure + "_fraction_of_" + limit] = weight_read / limit_bytes_per_s;
+  }
+  return out;
+}
+
 nlohmann::json bandwidth_report(const Model& model, const MemoryBandwidth& memory, const nlohmann::json& figures) {
   const double weights = double(model.decode_weight_bytes());
   nlohmann::json out = {{"read_gb_s", memory.read_bytes_per_s / 1e9},
                         {"copy_gb_s", memory.copy_bytes_per_s / 1e9},
                         {"decode_weight_bytes", weights}};
-  // Tokens per decode step of each figure (one per sequence).
-  const std::pair<const char*, double> decode_figures[] = {
-      {"decode_ctx128_tok_s", 1}, {"decode_ctx2048_tok_s", 1}, {"decode_batch8_ctx128_tok_s", 8}};
-  for (const auto& [name, batch] : decode_figures) {
-    if (!figures.contains(name)) continue;
-    const double weight_read = weights * figures[name].get<double>() / batch;
-    const std::string figure = std::string(name).substr(0, std::string(name).size() - 6);  // without "_tok_s"
-    out[figure + "_weight_read_gb_s"] = weight_read / 1e9;
-    out[figure + "_fraction_of_read"] = weight_read / memory.read_bytes_per_s;
-  }
+  out.update(weight_read_report(weights, memory.read_bytes_per_s, "read", figures));
   return out;
 }
 

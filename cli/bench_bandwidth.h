@@ -5,6 +5,7 @@
 // how close the engine is to the memory limit.
 #pragma once
 
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -21,8 +22,14 @@ struct MemoryBandwidth {
 // Best of a few passes over 1 GiB buffers, split across the pool's threads.
 MemoryBandwidth measure_memory_bandwidth(ThreadPool& pool);
 
-// For each decode figure of `figures` ("decode_*_tok_s"): the weight bytes
-// it reads per second and their fraction of the measured read rate.
+// For each decode figure of `figures` ("decode_ctx{C}_tok_s", one sequence;
+// "decode_batch{B}_ctx{C}_tok_s", B sequences): the weight bytes it reads per
+// second ("<figure>_weight_read_gb_s") and their fraction of
+// limit_bytes_per_s ("<figure>_fraction_of_<limit>").
+nlohmann::json weight_read_report(double weight_bytes, double limit_bytes_per_s, const std::string& limit,
+                                  const nlohmann::json& figures);
+
+// weight_read_report against the measured read rate, with the rates.
 nlohmann::json bandwidth_report(const Model& model, const MemoryBandwidth& memory, const nlohmann::json& figures);
 
 }  // namespace lazykv

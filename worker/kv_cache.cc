@@ -210,22 +210,39 @@ void KvCache::read_slot(SeqId seq, int layer, int kv_head, int32_t slot, uint16_
   std::memcpy(v, page_values(page) + in_page * config_.head_dim, config_.head_dim * sizeof(uint16_t));
 }
 
-void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v) {
+int32_t KvCache::append_pending(SeqId seq, int layer, int kv_head, int32_t pos) {
   HeadTable& h = head(seq, layer, kv_head);
   const size_t slot = h.positions.size();
   if (slot >= h.pages.size() * config_.page_slots) {
     throw Error(ErrorCode::kInternal, "kv cache: append without reserve");
   }
-  const int32_t page = h.pages[slot / config_.page_slots];
-  const size_t in_page = slot % config_.page_slots;
-  uint16_t* keys = page_keys(page);  // [head_dim][page_slots]
-  for (int d = 0; d < config_.head_dim; ++d) keys[size_t(d) * config_.page_slots + in_page] = k[d];
-  std::memcpy(page_values(page) + in_page * config_.head_dim, v, config_.head_dim * sizeof(uint16_t));
   h.positions.push_back(pos);
-  mark_written(page);
   for (int32_t seen = h.max_position->load(std::memory_order_relaxed);
        pos > seen && !h.max_position->compare_exchange_weak(seen, pos, std::memory_order_relaxed);) {
   }
+  return int32_t(slot);
+}
+
+int32_t KvCache::store_slot(const HeadTable& h, int32_t slot, const uint16_t* k, const uint16_t* v) {
+  const int32_t page = h.pages[size_t(slot) / config_.page_slots];
+  const size_t in_page = size_t(slot) % config_.page_slots;
+  uint16_t* keys = page_keys(page);  // [head_dim][page_slots]
+  for (int d = 0; d < config_.head_dim; ++d) keys[size_t(d) * config_.page_slots + in_page] = k[d];
+  std::memcpy(page_values(page) + in_page * config_.head_dim, v, config_.head_dim * sizeof(uint16_t));
+  return page;
+}
+
+void KvCache::append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v) {
+  const int32_t slot = append_pending(seq, layer, kv_head, pos);
+  mark_written(store_slot(head(seq, layer, kv_head), slot, k, v));
+}
+
+void KvCache::write_slot(SeqId seq, int layer, int kv_head, int32_t slot, const uint16_t* k, const uint16_t* v) {
+  const HeadTable& h = head(seq, layer, kv_head);
+  if (slot < 0 || size_t(slot) >= h.positions.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: write_slot past the head's slots");
+  }
+  store_slot(h, slot, k, v);
 }
 
 int32_t KvCache::max_slots(SeqId seq) const {

@@ -64,6 +64,13 @@ class KvCache {
   // Requires a prior reserve(). Safe to call concurrently for different heads.
   void append(SeqId seq, int layer, int kv_head, int32_t pos, const uint16_t* k, const uint16_t* v);
 
+  // For a device mirror that writes new rows itself: append() without the
+  // rows (the slot's data is undefined until write_slot) and without
+  // recording the page as written. Returns the slot.
+  int32_t append_pending(SeqId seq, int layer, int kv_head, int32_t pos);
+  // The rows of an existing slot, not recorded as written (the mirror has them).
+  void write_slot(SeqId seq, int layer, int kv_head, int32_t slot, const uint16_t* k, const uint16_t* v);
+
   // The f16 K and V rows of one slot (head_dim each), as append() took them.
   void read_slot(SeqId seq, int layer, int kv_head, int32_t slot, uint16_t* k, uint16_t* v) const;
 
@@ -128,6 +135,7 @@ class KvCache {
   int32_t take_page_locked();  // pool_mutex_ held
   void give_page(int32_t page);
   void mark_written(int32_t page);
+  int32_t store_slot(const HeadTable& h, int32_t slot, const uint16_t* k, const uint16_t* v);  // returns the page
   uint16_t* page_keys(int32_t page) const;
   uint16_t* page_values(int32_t page) const;
 

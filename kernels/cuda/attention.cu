@@ -2,8 +2,9 @@
 // attention_group: one query group in three launches: scores (one warp per
 // slot, the group's queries in shared memory so each key row is read once), a
 // row softmax that leaves the probabilities in place, and the weighted sum of V.
-// attention_units: many groups (a pass's every token and cache head) in one
-// launch, a block per group.
+// attention_units: many groups (a pass's every token and cache head) in two
+// launches, each group's slots split across blocks, then merged.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
@@ -17,6 +18,10 @@ using namespace detail;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kSplitSlots = kThreads;  // slots per attention_units block: one thread each
+constexpr int kScoreGroup = 8;         // queries per pass over a split's keys
+constexpr int kValueGroup = 4;         // queries per pass over its values
+constexpr int kMaxDimsPerLane = 4;     // head_dim up to 128
 
 __device__ __forceinline__ const uint16_t* slot_row(const uint16_t* const* pages, int32_t page_slots, int32_t slot,
                                                     int head_dim) {
@@ -103,67 +108,158 @@ __global__ void weighted_values_kernel(const float* __restrict__ probs, int head
   }
 }
 
-// One block per unit. Dynamic shared memory: q [max_group, head_dim], then
-// the warps' partial value sums [kWarps, head_dim].
-__global__ void attention_units_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
-                                       int32_t page_slots, float scale) {
+// Split attention (flash-decoding): block (unit, split) takes the unit's
+// slots [split·kSplitSlots, +kSplitSlots), leaves their raw scaled scores in
+// probs and, per query, its partial softmax state in scratch: the split's
+// max m, Σ exp(score - m) and Σ exp(score - m)·v (head_dim floats). A long
+// context is many blocks instead of one; attention_combine_kernel merges the
+// splits. Each key element is loaded once for up to kScoreGroup queries and
+// each value element once for kValueGroup, so the group shares the reads.
+// Dynamic shared memory: q [max_group, head_dim], scores [max_group,
+// kSplitSlots], weights [kValueGroup, kSplitSlots], the warps' partial value
+// sums [kWarps, kValueGroup, head_dim].
+__global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
+                                       int32_t page_slots, float scale, float* __restrict__ scratch) {
   extern __shared__ float shared[];
-  __shared__ float scratch[32];
+  __shared__ float reduce[32];
   const AttentionUnit u = units[blockIdx.x];
+  const int32_t first = int32_t(blockIdx.y) * kSplitSlots;
+  if (first >= u.n_slots) return;  // past this unit's slots: combine reads only its own splits
+  const int32_t last = min(u.n_slots, first + kSplitSlots);
   float* q = shared;
-  float* partial = shared + max_group * head_dim;
+  float* scores = q + max_group * head_dim;
+  float* weight = scores + max_group * kSplitSlots;
+  float* partial = weight + kValueGroup * kSplitSlots;
   const int n_group = u.n_group;
   const int32_t n = u.n_slots;
   for (int i = threadIdx.x; i < n_group * head_dim; i += blockDim.x) q[i] = u.q[i];
   __syncthreads();
   // Scores: a thread per slot, so a warp reads 32 neighbouring slots of each
   // key row of a page (keys are [head_dim][page_slots] within a page).
-  for (int32_t s = threadIdx.x; s < n; s += blockDim.x) {
+  const int32_t s = first + int32_t(threadIdx.x);
+  if (s < last) {
     const uint16_t* kp = u.keys[s / page_slots] + s % page_slots;
-    for (int g = 0; g < n_group; ++g) {
-      const float* qg = q + g * head_dim;
-      float dot = 0.0f;
-      for (int d = 0; d < head_dim; ++d) dot = fmaf(qg[d], f16_bits_to_float(kp[int64_t(d) * page_slots]), dot);
-      u.probs[int64_t(g) * n + s] = scale * dot;
+    for (int g0 = 0; g0 < n_group; g0 += kScoreGroup) {
+      float dot[kScoreGroup] = {};
+#pragma unroll 8
+      for (int d = 0; d < head_dim; ++d) {
+        const float key = f16_bits_to_float(kp[int64_t(d) * page_slots]);
+#pragma unroll
+        for (int i = 0; i < kScoreGroup; ++i) {
+          if (g0 + i < n_group) dot[i] = fmaf(q[(g0 + i) * head_dim + d], key, dot[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kScoreGroup; ++i) {
+        if (g0 + i >= n_group) break;
+        u.probs[int64_t(g0 + i) * n + s] = scale * dot[i];
+        scores[(g0 + i) * kSplitSlots + threadIdx.x] = scale * dot[i];
+      }
     }
   }
-  __syncthreads();  // the block's global writes are visible to the block after this
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  for (int g = 0; g < n_group; ++g) {
-    float* row = u.probs + int64_t(g) * n;
-    block_softmax(row, n, scratch);
-    __syncthreads();
-    // out[g] = Σ p_s v_s: warp w sums slots w, w + kWarps, ... into its partial row.
-    float* mine = partial + warp * head_dim;
-    for (int d = lane; d < head_dim; d += kWarpSize) mine[d] = 0.0f;
-    for (int32_t s = warp; s < n; s += kWarps) {
-      const float w = row[s];
-      if (w == 0.0f) continue;
-      const uint16_t* v = slot_row(u.values, page_slots, s, head_dim);
-      for (int d = lane; d < head_dim; d += kWarpSize) mine[d] = fmaf(w, f16_bits_to_float(v[d]), mine[d]);
+  float* state = scratch + (int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * max_group * (head_dim + 2);
+  for (int g0 = 0; g0 < n_group; g0 += kValueGroup) {
+    const int n_value = min(kValueGroup, n_group - g0);
+    for (int i = 0; i < n_value; ++i) {
+      const float score = s < last ? scores[(g0 + i) * kSplitSlots + threadIdx.x] : -INFINITY;
+      const float m = block_max(score, reduce);  // its barriers also publish scores[]
+      const float e = s < last ? expf(score - m) : 0.0f;
+      weight[i * kSplitSlots + threadIdx.x] = e;
+      const float l = block_sum(e, reduce);  // ... and weight[]
+      if (threadIdx.x == 0) {
+        state[(g0 + i) * (head_dim + 2)] = m;
+        state[(g0 + i) * (head_dim + 2) + 1] = l;
+      }
+    }
+    // Σ e_s v_s: warp w sums slots w, w + kWarps, ... for every query of the
+    // group at once, lane over dimensions.
+    float acc[kValueGroup][kMaxDimsPerLane] = {};
+#pragma unroll 4
+    for (int32_t t = first + warp; t < last; t += kWarps) {
+      const uint16_t* v = slot_row(u.values, page_slots, t, head_dim);
+#pragma unroll
+      for (int j = 0; j < kMaxDimsPerLane; ++j) {
+        const int d = lane + j * kWarpSize;
+        if (d >= head_dim) break;
+        const float value = f16_bits_to_float(v[d]);
+#pragma unroll
+        for (int i = 0; i < kValueGroup; ++i) acc[i][j] = fmaf(weight[i * kSplitSlots + (t - first)], value, acc[i][j]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kValueGroup; ++i) {
+#pragma unroll
+      for (int j = 0; j < kMaxDimsPerLane; ++j) {
+        const int d = lane + j * kWarpSize;
+        if (d < head_dim) partial[(warp * kValueGroup + i) * head_dim + d] = acc[i][j];
+      }
     }
     __syncthreads();
+    for (int e = threadIdx.x; e < n_value * head_dim; e += blockDim.x) {
+      const int i = e / head_dim, d = e % head_dim;
+      float total = 0.0f;
+      for (int w = 0; w < kWarps; ++w) total += partial[(w * kValueGroup + i) * head_dim + d];
+      state[(g0 + i) * (head_dim + 2) + 2 + d] = total;
+    }
+    __syncthreads();  // weight and partial are reused by the next queries
+  }
+}
+
+// One block per unit: the splits' states merged (the global max M, the sum
+// S = Σ l_j·exp(m_j - M)), out = Σ o_j·exp(m_j - M) / S, and the raw scores
+// in probs turned into probabilities exp(score - M) / S.
+__global__ void attention_combine_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
+                                         int n_splits, const float* __restrict__ scratch) {
+  const AttentionUnit u = units[blockIdx.x];
+  const int splits = (u.n_slots + kSplitSlots - 1) / kSplitSlots;
+  const float* states = scratch + int64_t(blockIdx.x) * n_splits * max_group * (head_dim + 2);
+  const int64_t stride = int64_t(max_group) * (head_dim + 2);  // from a split's state to the next's
+  for (int g = 0; g < u.n_group; ++g) {
+    const float* first = states + g * (head_dim + 2);
+    float max = -INFINITY;
+    for (int j = 0; j < splits; ++j) max = fmaxf(max, first[j * stride]);
+    float sum = 0.0f;
+    for (int j = 0; j < splits; ++j) sum += first[j * stride + 1] * expf(first[j * stride] - max);
+    const float inv = splits > 0 ? 1.0f / sum : 0.0f;  // no slots: out = 0, as the CPU
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
       float total = 0.0f;
-      for (int i = 0; i < kWarps; ++i) total += partial[i * head_dim + d];
-      u.out[int64_t(g) * head_dim + d] = total;
+      for (int j = 0; j < splits; ++j) total += first[j * stride + 2 + d] * expf(first[j * stride] - max);
+      u.out[int64_t(g) * head_dim + d] = total * inv;
     }
-    __syncthreads();  // partial is reused by the next query
+    float* row = u.probs + int64_t(g) * u.n_slots;
+    for (int32_t s = threadIdx.x; s < u.n_slots; s += blockDim.x) row[s] = expf(row[s] - max) * inv;
   }
 }
 
 }  // namespace
 
+int attention_splits(int32_t max_slots) { return std::max(1, (max_slots + kSplitSlots - 1) / kSplitSlots); }
+
+size_t attention_scratch_floats(int64_t n_units, int max_group, int head_dim, int32_t max_slots) {
+  return size_t(n_units) * size_t(attention_splits(max_slots)) * size_t(max_group) * size_t(head_dim + 2);
+}
+
 void attention_units(const AttentionUnit* units, int64_t n_units, int max_group, int head_dim, int32_t page_slots,
-                     float scale, cudaStream_t stream) {
-  require(n_units >= 0 && max_group > 0 && head_dim > 0 && page_slots > 0, "cuda::attention_units: bad shape");
+                     float scale, int32_t max_slots, float* scratch, cudaStream_t stream) {
+  require(n_units >= 0 && max_group > 0 && head_dim > 0 && page_slots > 0 && max_slots >= 0,
+          "cuda::attention_units: bad shape");
   require(n_units <= 0x7fffffff, "cuda::attention_units: too many units for one launch");
-  const size_t shared_bytes = (size_t(max_group) + kWarps) * size_t(head_dim) * sizeof(float);
-  // 48 KiB in all without opting in, the kernel's static scratch[32] included.
+  require(head_dim <= kMaxDimsPerLane * kWarpSize, "cuda::attention_units: head_dim over 128");
+  const size_t shared_bytes = (size_t(max_group) * (size_t(head_dim) + kSplitSlots) + size_t(kValueGroup) * kSplitSlots +
+                               size_t(kWarps) * kValueGroup * size_t(head_dim)) *
+                              sizeof(float);
+  // 48 KiB in all without opting in, the kernel's static reduce[32] included.
   require(shared_bytes + 32 * sizeof(float) <= 48 * 1024, "cuda::attention_units: group too large");
+  const int splits = attention_splits(max_slots);
+  require(splits < 65536, "cuda::attention_units: too many slots for one launch");
   if (n_units == 0) return;
-  attention_units_kernel<<<static_cast<unsigned>(n_units), kThreads, shared_bytes, stream>>>(units, max_group,
-                                                                                             head_dim, page_slots, scale);
+  const dim3 grid(static_cast<unsigned>(n_units), static_cast<unsigned>(splits));
+  attention_split_kernel<<<grid, kThreads, shared_bytes, stream>>>(units, max_group, head_dim, page_slots, scale,
+                                                                   scratch);
+  LAZYKV_CUDA_CHECK_LAUNCH();
+  attention_combine_kernel<<<static_cast<unsigned>(n_units), kThreads, 0, stream>>>(units, max_group, head_dim,
+                                                                                    splits, scratch);
   LAZYKV_CUDA_CHECK_LAUNCH();
 }
 

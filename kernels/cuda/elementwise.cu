@@ -1,6 +1,8 @@
 // Normalisation, activation, RoPE and conversion kernels (cpu/ops.cc on the
 // device). Accurate math functions (expf, sinf, cosf), never the fast
 // intrinsics, so results track the CPU backend closely.
+#include <algorithm>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_util.h"
 #include "kernels/cuda/ops.h"
@@ -14,7 +16,9 @@ using detail::require;
 
 constexpr int kThreads = 256;
 
-// One block per row.
+// One block per row; a row of a few thousand floats is one load per thread
+// per pass (rms_norm launches up to 1024 threads), so decode's single row is
+// two memory round trips, not one per 256 elements.
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight,
                                 float* __restrict__ y, int64_t n, float eps) {
   __shared__ float scratch[32];
@@ -81,7 +85,9 @@ void rms_norm(const float* x, const float* weight, float* y, int64_t n_rows, int
   require(n_rows >= 0 && n > 0, "rms_norm: bad shape");
   require(n_rows < (int64_t(1) << 31), "rms_norm: too many rows");
   if (n_rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(x, weight, y, n, eps);
+  const int64_t warps = std::min<int64_t>((n + detail::kWarpSize - 1) / detail::kWarpSize, 32);
+  const int threads = static_cast<int>(std::max<int64_t>(warps, kThreads / detail::kWarpSize)) * detail::kWarpSize;
+  rms_norm_kernel<<<static_cast<unsigned>(n_rows), threads, 0, stream>>>(x, weight, y, n, eps);
   LAZYKV_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,11 @@ bool cuda_device_available();
 // why there is none (no driver, no device: the runtime's own words).
 int usable_device_count();
 
+// The current device's copy rate: bytes per second a device-to-device
+// cudaMemcpy of a 1 GiB buffer moves (each byte read once and written once),
+// best of 5. The reference a memory-bound kernel is measured against.
+double measure_copy_rate();
+
 // ---- elementwise and normalisation --------------------------------------
 
 // y[r] = x[r] / rms(x[r]) * weight, for each row r. x and y may alias.
@@ -77,26 +82,49 @@ void dequantize_rows(DType type,
 
 // ---- matmul on quantized weights ---------------------------------------------
 
-// A row-major weight matrix in device memory (the layout of cpu::WeightMatrix).
+// Weights as matmul reads them: the tiled layout. Rows go in tiles of 32
+// whose 16-byte chunks lie side by side (chunk c of the tile's 32 rows is 512
+// contiguous bytes), so a warp, a lane per row, loads 512 bytes per 128-bit
+// load and shares each activation load. Quantized types keep their bits (no
+// conversion, the same bytes): the quants in the chunks (Q8_0 16 per chunk,
+// Q4_0/Q4_1 32), each block's f16 d (Q4_1: d and m) in a second plane after
+// them, laid out the same way. F16/BF16 take 8 per chunk; padding is zeros.
 struct WeightMatrix {
   DType type = DType::kF32;
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features
-  const void* data = nullptr;  // [rows, row_bytes(type, cols)], 4-byte aligned
+  const void* data = nullptr;  // tiled_bytes(type, rows, cols), 16-byte aligned, written by tile_weights
 };
 
-// Weight types matmul reads in place: F16, Q4_1, Q8_0.
+// Weight types matmul reads in their own bits: F16, BF16, Q8_0, Q4_0, Q4_1.
 bool matmul_supported(DType type);
 
+// Bytes of the tiled layout of a rows x cols matrix (cols a multiple of 32
+// for the quantized types).
+size_t tiled_bytes(DType type, int64_t rows, int64_t cols);
+
+// GGML rows to the tiled layout; src 4-byte aligned, tiled 16-byte aligned.
+void tile_weights(DType type,
+                  const void* src,  // [rows, row_bytes(type, cols)]
+                  int64_t rows, int64_t cols,
+                  void* tiled,      // [tiled_bytes(type, rows, cols)]
+                  cudaStream_t stream);
+
 // y[b][r] = Σ_k dequant(w)[r][k] · x[b][k], activations kept in f32 (no
-// activation quantization, unlike cpu::matmul). One warp per output row,
-// up to 8 activation rows per pass over the weights: meant for decode and
-// small batches.
+// activation quantization, unlike cpu::matmul's int8 mode). Each pass over
+// the weights serves up to 8 activation rows: meant for decode and small
+// batches (gemm.h's TensorCoreGemm takes prefill).
 void matmul(const WeightMatrix& w,
             const float* x,  // [batch, w.cols]
             int64_t batch,
             float* y,        // [batch, w.rows]
             cudaStream_t stream);
+
+// matmul of n (1 to 3) matrices of one type and width on the same
+// activations, in one launch (a layer's Q, K and V; gate and up), so small
+// matrices share the GPU with the others: y[i] = x · w[i]ᵀ.
+void matmul_shared_input(const WeightMatrix* w, float* const* y, int n, const float* x, int64_t batch,
+                         cudaStream_t stream);
 
 // ---- attention -----------------------------------------------------------------
 
@@ -108,6 +136,22 @@ void matmul(const WeightMatrix& w,
 void scatter_pages(const uint8_t* staged,  // [n_pages, page_bytes]
                    uint8_t* const* dst,    // [n_pages] -> [page_bytes]
                    int64_t n_pages, int64_t page_bytes, cudaStream_t stream);
+
+// Where one new K/V row goes in a device page pool (pages in the
+// cpu::KvPages layout): its page's keys and values and its slot there.
+struct KvRowTarget {
+  uint16_t* keys;    // [head_dim, page_slots]: the row becomes column in_page
+  uint16_t* values;  // [page_slots, head_dim]: the row becomes row in_page
+  int32_t in_page;
+  int32_t row;       // the source row in k16 / v16
+};
+
+// For each target, row `row` of k16 and v16 into its slot: a pass's new K/V
+// written straight into the device pool, one launch for all of them.
+void scatter_kv_rows(const uint16_t* k16,  // [rows, head_dim] f16
+                     const uint16_t* v16,  // [rows, head_dim] f16
+                     const KvRowTarget* targets,  // [n_targets] in device memory
+                     int64_t n_targets, int head_dim, int32_t page_slots, cudaStream_t stream);
 
 // Paged f16 KV of one KV head (cpu::KvPages with device memory): the page
 // tables themselves are device arrays of device pointers.
@@ -145,10 +189,18 @@ struct AttentionUnit {
   int32_t n_group;                // queries, 1 .. max_group
 };
 
+// Floats of the scratch attention_units needs: every unit's split states,
+// the splits being the blocks of up to 256 slots that max_slots spans.
+size_t attention_scratch_floats(int64_t n_units, int max_group, int head_dim, int32_t max_slots);
+
 // For each unit: probs[g] = softmax(scale · q[g] · k_s) over its slots,
 // out[g] = Σ_s probs[g][s] · v_s (cpu::attention_group on the prefix).
+// max_slots: at least every unit's n_slots; each unit's slots are split
+// across blocks (flash-decoding), so one long context fills the GPU.
 void attention_units(const AttentionUnit* units,  // [n_units] in device memory
                      int64_t n_units, int max_group, int head_dim, int32_t page_slots, float scale,
+                     int32_t max_slots,
+                     float* scratch,  // [attention_scratch_floats(n_units, max_group, head_dim, max_slots)]
                      cudaStream_t stream);
 
 }  // namespace lazykv::cuda

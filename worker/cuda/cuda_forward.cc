@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <optional>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -13,6 +15,7 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "worker/forward_batch.h"
 #ifdef LAZYKV_HAVE_NCCL
@@ -30,6 +33,8 @@ using cuda::reserve_device;
 // prompt chunk over a long cache runs in several waves instead of one buffer
 // of gigabytes.
 constexpr size_t kWaveProbFloats = size_t(64) << 20;
+// The split attention's scratch one wave may use (floats), likewise.
+constexpr size_t kWaveScratchFloats = size_t(32) << 20;
 // Device mirror pages are allocated this many at a time.
 constexpr size_t kMirrorChunkPages = 256;
 
@@ -65,10 +70,43 @@ struct CudaForwardPass::Impl {
   struct Unit {
     int32_t item, head, token;  // a query group: one token of an item, one cache head
   };
+  // A pass's batch and its attention units: (item, cache head, token), a
+  // head's tokens in order.
+  struct PassUnits {
+    std::span<const BatchItem> batch;
+    std::vector<int64_t> row0;  // each item's first activation row
+    std::vector<Unit> list;
+    std::vector<int> cache_heads, queries_per_head;  // per item
+    int max_group = 1;
+    bool any_policy = false;
+    // Without a policy the pass appends every layer's slots at its start and
+    // writes their rows on the device: no host round trip inside the layers.
+    bool device_appends() const { return !any_policy; }
+  };
+  // One attention_units launch: units [first, first + count) of the list.
+  struct Wave {
+    size_t first = 0, count = 0;
+    size_t prob_floats = 0;
+    int32_t max_slots = 0;
+    std::vector<size_t> prob_at;  // each unit's probabilities in the wave's buffer
+  };
   // Every buffer the pass will use, sized before any policy or cache changes,
   // so a device out of memory leaves both as they were.
-  void prepare(std::span<const BatchItem> batch, const BatchRows& rows, const std::vector<int>& queries_per_head,
-               const std::vector<int>& cache_heads, size_t n_units, bool any_policy);
+  void prepare(const PassUnits& pu, const BatchRows& rows);
+  // Layer l's page tables and units staged in h_tables / h_units from the
+  // given offsets on (advanced past them), pointing into `tables` and
+  // `units` at the same offsets; the waves they run in.
+  std::vector<Wave> stage_attention(int l, const PassUnits& pu, size_t& tables_at, size_t& units_at);
+  // Appends every layer's slots for the pass (rows to come from the device)
+  // and stages where each new row goes (h_row_targets), layer by layer.
+  void append_pending_slots(const PassUnits& pu);
+  // The pass's new rows, downloaded with the logits, into the host cache.
+  void write_back_slots(const PassUnits& pu, int64_t T);
+  // Layer l's K/V on the device to the cache: appended on the device
+  // (device_appends) or through the host cache and the mirror.
+  void append_layer(int l, const PassUnits& pu, int64_t T);
+  // Layer l's attention; statistics and queries to the policies.
+  void attend(int l, const PassUnits& pu, const std::vector<Wave>& waves, size_t units_at);
 
   // --- set-up ---
   cuda::WeightMatrix upload_matrix(const cpu::WeightMatrix& w);
@@ -79,6 +117,9 @@ struct CudaForwardPass::Impl {
   void upload(void* device, const void* host, size_t bytes);
   void download(void* host, const void* device, size_t bytes);
   void matmul(const cuda::WeightMatrix& w, const float* x, int64_t rows, float* y);
+  // y[i] = x · w[i]ᵀ for n (up to 3) matrices: one launch where their types and widths agree.
+  void matmul_same_input(std::initializer_list<cuda::WeightMatrix> w, std::initializer_list<float*> y,
+                         const float* x, int64_t rows);
   const float* widen(const float* x, int64_t rows, int64_t width, int64_t full, int64_t offset);
   void all_reduce(float* data, size_t n);
   uint8_t* mirror_page(int32_t page);
@@ -99,7 +140,10 @@ struct CudaForwardPass::Impl {
 
   // Weights, uploaded once.
   std::vector<DeviceBuffer<uint8_t>> owned;
+  DeviceBuffer<uint8_t> weight_staging;  // GGML rows on their way to the tiled layout; freed after loading
   std::vector<DeviceLayer> layers;
+  std::optional<cuda::TensorCoreGemm> gemm;     // prefill: kTensorCoreMinRows rows or more
+  int64_t max_matrix_rows = 0, max_matrix_cols = 0;    // over every matrix: the GEMM's scratch
   cuda::WeightMatrix output;
   const float* output_norm = nullptr;
   const float* inv_freq = nullptr;
@@ -110,11 +154,12 @@ struct CudaForwardPass::Impl {
   std::vector<int32_t> written;
 
   // Activations on the device, grown on demand.
-  DeviceBuffer<float> x, xn, q, k, v, attn, tmp, gate, up, logits, wide, probs;
-  DeviceBuffer<uint16_t> k16, v16;
+  DeviceBuffer<float> x, xn, q, k, v, attn, tmp, gate, up, logits, wide, probs, attn_scratch;
+  DeviceBuffer<uint16_t> k16, v16;  // f16 K/V rows: one layer's, every layer's with device_appends
   DeviceBuffer<int32_t> positions;
+  DeviceBuffer<cuda::KvRowTarget> row_targets;  // device_appends: [layer][targets]
   DeviceBuffer<uint8_t> staged_pages;           // [pages][page_bytes], then their destinations
-  DeviceBuffer<const uint16_t*> tables;         // page tables of one attention wave
+  DeviceBuffer<const uint16_t*> tables;         // page tables of a layer (every layer with device_appends)
   DeviceBuffer<cuda::AttentionUnit> units;
 
   // Host staging (page-locked, for asynchronous copies).
@@ -124,6 +169,9 @@ struct CudaForwardPass::Impl {
   PinnedBuffer<uint8_t> h_pages;
   PinnedBuffer<const uint16_t*> h_tables;
   PinnedBuffer<cuda::AttentionUnit> h_units;
+  PinnedBuffer<cuda::KvRowTarget> h_row_targets;
+  std::vector<int32_t> pending_slots;  // device_appends: the slot of each staged row target
+  size_t targets_per_layer = 0;
 
   double eviction_seconds = 0;
 };
@@ -153,6 +201,7 @@ CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group
   LAZYKV_CUDA_CHECK(cudaSetDevice(device));
   LAZYKV_CUDA_CHECK(cudaStreamCreateWithFlags(&owned_stream.handle, cudaStreamNonBlocking));
   stream = owned_stream.handle;
+  gemm.emplace(stream);
 #ifdef LAZYKV_HAVE_NCCL
   nccl = dynamic_cast<NcclGroup*>(&group);
 #endif
@@ -181,6 +230,7 @@ CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group
     output = upload_matrix(model.output());
     output_norm = upload_floats(model.output_norm(), size_t(c.n_embd));
     inv_freq = upload_floats(model.rope().inv_freq.data(), model.rope().inv_freq.size());
+    weight_staging = DeviceBuffer<uint8_t>();
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfMemory) throw;
     throw Error(ErrorCode::kOutOfMemory, std::string("cuda forward: uploading the weights: ") + e.what());
@@ -200,29 +250,33 @@ cuda::WeightMatrix CudaForwardPass::Impl::upload_matrix(const cpu::WeightMatrix&
   cuda::WeightMatrix d;
   d.rows = w.rows;
   d.cols = w.cols;
-  const size_t src_row = row_bytes(w.type, size_t(w.cols));
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  if (cuda::matmul_supported(w.type)) {
-    d.type = w.type;
-    DeviceBuffer<uint8_t>& buffer = owned.emplace_back(size_t(w.rows) * src_row);
-    buffer.upload(src, buffer.size());
-    d.data = buffer.data();
-    weight_bytes += buffer.bytes();
-    return d;
+  d.type = w.type;
+  const void* rows = w.data;
+  std::vector<uint16_t> f16;
+  if (!cuda::matmul_supported(w.type)) {
+    // A type the device matmul does not read in its own bits (F32, Q4_K,
+    // Q6_K, ...): F16 rows, converted here once.
+    d.type = DType::kF16;
+    const size_t src_row = row_bytes(w.type, size_t(w.cols));
+    f16.resize(size_t(w.rows) * size_t(w.cols));
+    std::vector<float> row(size_t(w.cols));
+    for (int64_t r = 0; r < w.rows; ++r) {
+      cpu::dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + size_t(r) * src_row, row.data(), w.cols);
+      cpu::to_f16(row.data(), f16.data() + size_t(r) * size_t(w.cols), w.cols);
+    }
+    rows = f16.data();
   }
-  // A type the device matmul does not read in place (F32, BF16, Q4_0, Q4_K,
-  // Q6_K): F16 rows, converted here once.
-  d.type = DType::kF16;
-  std::vector<float> row(size_t(w.cols));
-  std::vector<uint16_t> f16(size_t(w.rows) * size_t(w.cols));
-  for (int64_t r = 0; r < w.rows; ++r) {
-    cpu::dequantize_row(w.type, src + size_t(r) * src_row, row.data(), w.cols);
-    cpu::to_f16(row.data(), f16.data() + size_t(r) * size_t(w.cols), w.cols);
-  }
-  DeviceBuffer<uint8_t>& buffer = owned.emplace_back(f16.size() * sizeof(uint16_t));
-  buffer.upload(reinterpret_cast<const uint8_t*>(f16.data()), buffer.size());
+  // The GGML rows through a staging buffer, tiled on the device.
+  const size_t src_bytes = size_t(w.rows) * row_bytes(d.type, size_t(w.cols));
+  uint8_t* staged = reserve_device(weight_staging, src_bytes);
+  LAZYKV_CUDA_CHECK(cudaMemcpy(staged, rows, src_bytes, cudaMemcpyHostToDevice));
+  DeviceBuffer<uint8_t>& buffer = owned.emplace_back(cuda::tiled_bytes(d.type, d.rows, d.cols));
+  cuda::tile_weights(d.type, staged, d.rows, d.cols, buffer.data(), stream);
+  sync();  // the staging buffer is reused by the next matrix
   d.data = buffer.data();
   weight_bytes += buffer.bytes();
+  max_matrix_rows = std::max(max_matrix_rows, d.rows);
+  max_matrix_cols = std::max(max_matrix_cols, d.cols);
   return d;
 }
 
@@ -237,7 +291,19 @@ void CudaForwardPass::Impl::download(void* host, const void* device_ptr, size_t 
 }
 
 void CudaForwardPass::Impl::matmul(const cuda::WeightMatrix& w, const float* in, int64_t rows, float* out) {
+  if (rows >= cuda::kTensorCoreMinRows) return gemm->run(w, in, rows, out);
   cuda::matmul(w, in, rows, out, stream);
+}
+
+void CudaForwardPass::Impl::matmul_same_input(std::initializer_list<cuda::WeightMatrix> w,
+                                              std::initializer_list<float*> y, const float* in, int64_t rows) {
+  const bool alike = std::all_of(w.begin(), w.end(), [&](const cuda::WeightMatrix& m) {
+    return m.type == w.begin()->type && m.cols == w.begin()->cols;
+  });
+  if (alike && rows < cuda::kTensorCoreMinRows) {
+    return cuda::matmul_shared_input(w.begin(), y.begin(), int(w.size()), in, rows, stream);
+  }
+  for (size_t i = 0; i < w.size(); ++i) matmul(w.begin()[i], in, rows, y.begin()[i]);
 }
 
 // x [rows][width] as the input of a matrix of `full` columns: at column
@@ -307,15 +373,15 @@ void CudaForwardPass::Impl::mirror_written_pages() {
                       int64_t(page_bytes), stream);
 }
 
-void CudaForwardPass::Impl::prepare(std::span<const BatchItem> batch, const BatchRows& rows,
-                                    const std::vector<int>& queries_per_head, const std::vector<int>& cache_heads,
-                                    size_t n_units, bool any_policy) {
+void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) {
   const ModelConfig& c = shard.config();
+  const std::span<const BatchItem> batch = pu.batch;
   const size_t T = size_t(rows.tokens());
   const size_t E = size_t(c.n_embd);
   const size_t q_dim = size_t(c.n_head) * size_t(c.head_dim);
   const size_t kv_dim = size_t(c.n_head_kv) * size_t(c.head_dim);
   const size_t page_slots = size_t(cache.config().page_slots);
+  const size_t layers_staged = pu.device_appends() ? size_t(c.n_layer) : 1;
   grow_mirror();
   reserve_device(x, T * E);
   reserve_device(xn, T * std::max(E, q_dim));
@@ -327,9 +393,12 @@ void CudaForwardPass::Impl::prepare(std::span<const BatchItem> batch, const Batc
   reserve_device(gate, T * size_t(c.n_ff));
   reserve_device(up, T * size_t(c.n_ff));
   reserve_device(logits, size_t(rows.n_logit_rows) * size_t(c.n_vocab));
-  reserve_device(k16, T * kv_dim);
-  reserve_device(v16, T * kv_dim);
+  reserve_device(k16, layers_staged * T * kv_dim);
+  reserve_device(v16, layers_staged * T * kv_dim);
   reserve_device(positions, T);
+  if (int64_t(T) >= cuda::kTensorCoreMinRows || rows.n_logit_rows >= cuda::kTensorCoreMinRows) {
+    gemm->reserve(max_matrix_rows, max_matrix_cols);
+  }
   int64_t widest = 0;  // the widest whole matrix a rank feeds with zeros around its columns
   for (const DeviceLayer& w : layers) {
     if (w.wo_input_offset >= 0) widest = std::max(widest, w.wo.cols);
@@ -338,36 +407,236 @@ void CudaForwardPass::Impl::prepare(std::span<const BatchItem> batch, const Batc
   if (widest > 0) reserve_device(wide, T * size_t(widest));
   h_x.reserve(T * E);
   h_positions.reserve(T);
-  h_k16.reserve(T * kv_dim);
-  h_v16.reserve(T * kv_dim);
-  if (any_policy) h_q.reserve(T * q_dim);
+  h_k16.reserve(layers_staged * T * kv_dim);
+  h_v16.reserve(layers_staged * T * kv_dim);
+  if (pu.any_policy) h_q.reserve(T * q_dim);
   h_logits.reserve(size_t(rows.n_logit_rows) * size_t(c.n_vocab));
   if (group.world() > 1) h_reduce.reserve(T * E);
 
   // Attention: every head's table (its pages after this pass's appends), the
-  // probabilities of the largest wave, the pages staged for the mirror.
-  size_t table_entries = 0, prob_total = 0, prob_unit_max = 0, appended_pages = 0;
+  // probabilities and scratch of the largest wave, the pages staged for the mirror.
+  size_t table_entries = 0, prob_total = 0, prob_unit_max = 0, appended_pages = 0, targets = 0;
+  int32_t max_slots = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const size_t n_tok = batch[i].tokens.size();
     const size_t slots = size_t(cache.max_slots(batch[i].seq)) + n_tok;
-    table_entries += size_t(cache_heads[i]) * 2 * ((slots + page_slots - 1) / page_slots);
-    const size_t unit_need = size_t(queries_per_head[i]) * slots;
-    prob_total += unit_need * size_t(cache_heads[i]) * n_tok;
+    table_entries += size_t(pu.cache_heads[i]) * 2 * ((slots + page_slots - 1) / page_slots);
+    const size_t unit_need = size_t(pu.queries_per_head[i]) * slots;
+    prob_total += unit_need * size_t(pu.cache_heads[i]) * n_tok;
     prob_unit_max = std::max(prob_unit_max, unit_need);
-    appended_pages += size_t(cache_heads[i]) * ((n_tok + page_slots - 1) / page_slots + 1);
+    max_slots = std::max(max_slots, int32_t(slots));
+    appended_pages += size_t(pu.cache_heads[i]) * ((n_tok + page_slots - 1) / page_slots + 1);
+    targets += size_t(pu.cache_heads[i]) * n_tok;
   }
   const size_t prob_bound = std::min(prob_total, std::max(kWaveProbFloats, prob_unit_max));
-  reserve_device(tables, std::max<size_t>(table_entries, 1));
-  h_tables.reserve(std::max<size_t>(table_entries, 1));
-  reserve_device(units, std::max<size_t>(n_units, 1));
-  h_units.reserve(std::max<size_t>(n_units, 1));
+  const size_t n_units = pu.list.size();
+  reserve_device(tables, std::max<size_t>(layers_staged * table_entries, 1));
+  h_tables.reserve(std::max<size_t>(layers_staged * table_entries, 1));
+  reserve_device(units, std::max<size_t>(layers_staged * n_units, 1));
+  h_units.reserve(std::max<size_t>(layers_staged * n_units, 1));
   reserve_device(probs, std::max<size_t>(prob_bound, 1));
-  if (any_policy) h_probs.reserve(std::max<size_t>(prob_bound, 1));
+  if (pu.any_policy) h_probs.reserve(std::max<size_t>(prob_bound, 1));
+  const size_t scratch_total = cuda::attention_scratch_floats(int64_t(n_units), pu.max_group, c.head_dim, max_slots);
+  const size_t scratch_unit = cuda::attention_scratch_floats(1, pu.max_group, c.head_dim, max_slots);
+  reserve_device(attn_scratch, std::max<size_t>(std::min(scratch_total, std::max(kWaveScratchFloats, scratch_unit)), 1));
+  if (pu.device_appends()) {
+    reserve_device(row_targets, std::max<size_t>(size_t(c.n_layer) * targets, 1));
+    h_row_targets.reserve(std::max<size_t>(size_t(c.n_layer) * targets, 1));
+    appended_pages = 0;  // the pass writes its rows on the device
+  }
   // Pages written since the last pass (compactions, promotions) and this
   // pass's appends, which the first layer's copy carries together.
   const size_t staged = (cache.written_page_count() + appended_pages) * (cache.page_bytes() + sizeof(uint8_t*));
   reserve_device(staged_pages, staged);
   h_pages.reserve(staged);
+}
+
+std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(int l, const PassUnits& pu,
+                                                                               size_t& tables_at, size_t& units_at) {
+  const int D = shard.config().head_dim;
+  const int64_t q_dim = int64_t(shard.config().n_head) * D;
+  // Each (item, cache head)'s table once; its units all point to it.
+  std::vector<size_t> table_of(pu.list.size());
+  const uint16_t** ht = h_tables.data();
+  size_t table_at = 0;
+  for (size_t j = 0; j < pu.list.size(); ++j) {
+    const Unit& un = pu.list[j];
+    const BatchItem& item = pu.batch[size_t(un.item)];
+    const std::span<const int32_t> pages = cache.page_ids(item.seq, l, un.head);
+    if (un.token == 0) {
+      table_at = tables_at;
+      for (size_t p = 0; p < pages.size(); ++p) {
+        const uint8_t* page = mirror_page(pages[p]);
+        ht[tables_at + p] = reinterpret_cast<const uint16_t*>(page);
+        ht[tables_at + pages.size() + p] = reinterpret_cast<const uint16_t*>(page + cache.values_offset());
+      }
+      tables_at += 2 * pages.size();
+    }
+    table_of[j] = table_at;
+  }
+  // Units, in waves whose probabilities and scratch fit.
+  std::vector<Wave> waves;
+  for (size_t j = 0; j < pu.list.size(); ++j) {
+    const Unit& un = pu.list[j];
+    const BatchItem& item = pu.batch[size_t(un.item)];
+    const int qph = pu.queries_per_head[size_t(un.item)];
+    const int32_t n_tok = int32_t(item.tokens.size());
+    const int32_t visible = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - un.token);
+    const size_t need = size_t(qph) * size_t(visible);
+    if (waves.empty() ||
+        (waves.back().prob_floats + need > kWaveProbFloats ||
+         cuda::attention_scratch_floats(int64_t(waves.back().count + 1), pu.max_group, D,
+                                        std::max(waves.back().max_slots, visible)) > kWaveScratchFloats)) {
+      waves.push_back(Wave{j, 0, 0, 0, {}});
+    }
+    Wave& wave = waves.back();
+    wave.prob_at.push_back(wave.prob_floats);
+    const int64_t r = pu.row0[size_t(un.item)] + un.token;
+    const int64_t head0 = int64_t(un.head) * qph;  // first query head served by this cache head
+    const size_t pages = cache.page_ids(item.seq, l, un.head).size();
+    cuda::AttentionUnit& a = h_units.data()[units_at + j];
+    a.q = q.data() + r * q_dim + head0 * D;
+    a.out = attn.data() + r * q_dim + head0 * D;
+    a.probs = probs.data() + wave.prob_floats;
+    a.keys = tables.data() + table_of[j];
+    a.values = tables.data() + table_of[j] + pages;
+    a.n_slots = visible;
+    a.n_group = qph;
+    wave.prob_floats += need;
+    wave.max_slots = std::max(wave.max_slots, visible);
+    ++wave.count;
+  }
+  units_at += pu.list.size();
+  return waves;
+}
+
+void CudaForwardPass::Impl::append_pending_slots(const PassUnits& pu) {
+  const ModelConfig& c = shard.config();
+  const int KV = c.n_head_kv;
+  const int32_t page_slots = cache.config().page_slots;
+  cuda::KvRowTarget* targets = h_row_targets.data();
+  pending_slots.clear();
+  for (int l = 0; l < c.n_layer; ++l) {
+    for (size_t i = 0; i < pu.batch.size(); ++i) {
+      const BatchItem& item = pu.batch[i];
+      const int copies = pu.cache_heads[i] / KV;
+      for (int head = 0; head < pu.cache_heads[i]; ++head) {
+        for (size_t t = 0; t < item.tokens.size(); ++t) {
+          const int32_t slot = cache.append_pending(item.seq, l, head, item.start_pos + int32_t(t));
+          const int32_t page = cache.page_ids(item.seq, l, head)[size_t(slot / page_slots)];
+          uint8_t* data = mirror_page(page);
+          *targets++ = {reinterpret_cast<uint16_t*>(data), reinterpret_cast<uint16_t*>(data + cache.values_offset()),
+                        slot % page_slots, int32_t((pu.row0[i] + int64_t(t)) * KV + head / copies)};
+          pending_slots.push_back(slot);
+        }
+      }
+    }
+  }
+  targets_per_layer = pending_slots.size() / size_t(c.n_layer);
+  upload(row_targets.data(), h_row_targets.data(), pending_slots.size() * sizeof(cuda::KvRowTarget));
+}
+
+void CudaForwardPass::Impl::write_back_slots(const PassUnits& pu, int64_t T) {
+  const ModelConfig& c = shard.config();
+  const int64_t kv_dim = int64_t(c.n_head_kv) * c.head_dim;
+  // Layer by layer, the targets in append_pending_slots' order: item, head, token.
+  pool.parallel_for(c.n_layer, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t l = begin; l < end; ++l) {
+      const uint16_t* hk = h_k16.data() + l * T * kv_dim;
+      const uint16_t* hv = h_v16.data() + l * T * kv_dim;
+      size_t at = size_t(l) * targets_per_layer;
+      for (size_t i = 0; i < pu.batch.size(); ++i) {
+        for (int head = 0; head < pu.cache_heads[i]; ++head) {
+          for (size_t t = 0; t < pu.batch[i].tokens.size(); ++t, ++at) {
+            const int64_t row = h_row_targets.data()[at].row;
+            cache.write_slot(pu.batch[i].seq, int(l), head, pending_slots[at], hk + row * c.head_dim,
+                             hv + row * c.head_dim);
+          }
+        }
+      }
+    }
+  });
+}
+
+void CudaForwardPass::Impl::append_layer(int l, const PassUnits& pu, int64_t T) {
+  const ModelConfig& c = shard.config();
+  const int D = c.head_dim;
+  const int KV = c.n_head_kv;
+  const int64_t kv_dim = int64_t(KV) * D;
+  const int64_t layer_at = pu.device_appends() ? int64_t(l) * T * kv_dim : 0;
+  cuda::to_f16(k.data(), k16.data() + layer_at, T * kv_dim, stream);
+  cuda::to_f16(v.data(), v16.data() + layer_at, T * kv_dim, stream);
+  if (pu.device_appends()) {
+    cuda::scatter_kv_rows(k16.data() + layer_at, v16.data() + layer_at,
+                          row_targets.data() + size_t(l) * targets_per_layer, int64_t(targets_per_layer), D,
+                          cache.config().page_slots, stream);
+    return;
+  }
+  uint16_t* hk16 = h_k16.data();
+  uint16_t* hv16 = h_v16.data();
+  download(hk16, k16.data(), size_t(T * kv_dim) * sizeof(uint16_t));
+  download(hv16, v16.data(), size_t(T * kv_dim) * sizeof(uint16_t));
+  download(h_q.data(), q.data(), size_t(T * c.n_head * D) * sizeof(float));
+  sync();
+  // Append to the host cache (as ForwardPass does), then mirror what it wrote.
+  pool.parallel_for(int64_t(pu.batch.size()) * KV, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const size_t i = size_t(u / KV);
+      const int h = int(u % KV);
+      const int copies = pu.cache_heads[i] / KV;
+      for (int cp = 0; cp < copies; ++cp) {
+        for (size_t t = 0; t < pu.batch[i].tokens.size(); ++t) {
+          const int64_t r = pu.row0[i] + int64_t(t);
+          cache.append(pu.batch[i].seq, l, h * copies + cp, pu.batch[i].start_pos + int32_t(t),
+                       hk16 + r * kv_dim + int64_t(h) * D, hv16 + r * kv_dim + int64_t(h) * D);
+        }
+      }
+    }
+  });
+  mirror_written_pages();
+}
+
+void CudaForwardPass::Impl::attend(int l, const PassUnits& pu, const std::vector<Wave>& waves, size_t units_at) {
+  const ModelConfig& c = shard.config();
+  const int D = c.head_dim;
+  const int64_t q_dim = int64_t(c.n_head) * D;
+  const float scale = 1.0f / std::sqrt(float(D));
+  std::vector<float> padded;  // one row of probabilities over a head's whole table
+  for (const Wave& wave : waves) {
+    float* scratch = reserve_device(attn_scratch, cuda::attention_scratch_floats(int64_t(wave.count), pu.max_group, D,
+                                                                                 wave.max_slots));
+    cuda::attention_units(units.data() + units_at + wave.first, int64_t(wave.count), pu.max_group, D,
+                          cache.config().page_slots, scale, wave.max_slots, scratch, stream);
+    if (!pu.any_policy) continue;
+    // Statistics and remembered queries for the policies, on the host.
+    float* hp = h_probs.reserve(std::max<size_t>(wave.prob_floats, 1));
+    download(hp, probs.data(), wave.prob_floats * sizeof(float));
+    sync();  // also: the next wave reuses the probabilities
+    for (size_t j = 0; j < wave.count; ++j) {
+      const Unit& un = pu.list[wave.first + j];
+      const BatchItem& item = pu.batch[size_t(un.item)];
+      if (item.policy == nullptr) continue;
+      const int qph = pu.queries_per_head[size_t(un.item)];
+      const int32_t pos = item.start_pos + un.token;
+      const int64_t r = pu.row0[size_t(un.item)] + un.token;
+      const cpu::AttentionStats* stats = item.policy->stats(l, un.head, pos);
+      if (float* keep = item.policy->query_buffer(l, un.head, pos)) {
+        const float* src = h_q.data() + r * q_dim + int64_t(un.head) * qph * D;
+        std::copy(src, src + int64_t(qph) * D, keep);
+      }
+      if (stats == nullptr) continue;
+      // Over the whole table, the slots this token may not see at 0 (as the
+      // CPU kernel's causal mask leaves them).
+      const int32_t n_all = cache.n_slots(item.seq, l, un.head);
+      const int32_t visible = h_units.data()[units_at + wave.first + j].n_slots;
+      padded.assign(size_t(n_all), 0.0f);
+      for (int g = 0; g < qph; ++g) {
+        const float* row = hp + wave.prob_at[j] + size_t(g) * size_t(visible);
+        std::copy(row, row + visible, padded.begin());
+        cpu::record_stats(padded.data(), n_all, *stats);
+      }
+    }
+  }
 }
 
 std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> batch) {
@@ -379,27 +648,25 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   const int G = c.n_group();
   const int64_t q_dim = int64_t(H) * D;
   const int64_t kv_dim = int64_t(KV) * D;
-  const int32_t page_slots = cache.config().page_slots;
 
   if (batch.empty()) return {};
   LAZYKV_CUDA_CHECK(cudaSetDevice(device));  // per thread: the worker may call from any
   const BatchRows rows = check_batch(batch, c, cache);
-  const std::vector<int64_t>& row0 = rows.row0;
   const int64_t n_logit_rows = rows.n_logit_rows;
   const int64_t T = rows.tokens();
 
-  // Attention units: (item, cache head, token), a head's tokens in order.
-  std::vector<int> cache_heads(batch.size()), queries_per_head(batch.size());
-  std::vector<Unit> unit_list;
-  int max_group = 1;
-  bool any_policy = false;
+  PassUnits pu;
+  pu.batch = batch;
+  pu.row0 = rows.row0;
+  pu.cache_heads.resize(batch.size());
+  pu.queries_per_head.resize(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    cache_heads[i] = cache.heads_per_layer(batch[i].seq);
-    queries_per_head[i] = G * KV / cache_heads[i];
-    max_group = std::max(max_group, queries_per_head[i]);
-    any_policy = any_policy || batch[i].policy != nullptr;
-    for (int h = 0; h < cache_heads[i]; ++h) {
-      for (int32_t t = 0; t < int32_t(batch[i].tokens.size()); ++t) unit_list.push_back({int32_t(i), h, t});
+    pu.cache_heads[i] = cache.heads_per_layer(batch[i].seq);
+    pu.queries_per_head[i] = G * KV / pu.cache_heads[i];
+    pu.max_group = std::max(pu.max_group, pu.queries_per_head[i]);
+    pu.any_policy = pu.any_policy || batch[i].policy != nullptr;
+    for (int h = 0; h < pu.cache_heads[i]; ++h) {
+      for (int32_t t = 0; t < int32_t(batch[i].tokens.size()); ++t) pu.list.push_back({int32_t(i), h, t});
     }
   }
   // A unit sees a prefix of its head's table, the slots before the ones its
@@ -414,8 +681,7 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
                       "; new positions must follow the cached ones");
     }
   }
-  reserve_batch(batch, cache, group,
-                [&] { prepare(batch, rows, queries_per_head, cache_heads, unit_list.size(), any_policy); });
+  reserve_batch(batch, cache, group, [&] { prepare(pu, rows); });
   // Nothing below allocates before the appends, so policies and cache stay in step.
   for (const BatchItem& item : batch) {
     if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
@@ -428,7 +694,7 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   int32_t* hpos = h_positions.data();
   for (size_t i = 0; i < batch.size(); ++i) {
     for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
-      const int64_t r = row0[i] + int64_t(t);
+      const int64_t r = rows.row0[i] + int64_t(t);
       const auto* src = static_cast<const uint8_t*>(embd.data) + size_t(batch[i].tokens[t]) * embd_row;
       cpu::dequantize_row(embd.type, src, hx + r * E, E);
       hpos[r] = batch[i].start_pos + int32_t(t);
@@ -437,138 +703,36 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   upload(x.data(), hx, size_t(T * E) * sizeof(float));
   upload(positions.data(), hpos, size_t(T) * sizeof(int32_t));
 
-  const float scale = 1.0f / std::sqrt(float(D));
-  uint16_t* hk16 = h_k16.data();
-  uint16_t* hv16 = h_v16.data();
-  float* hq = any_policy ? h_q.data() : nullptr;
-  std::vector<float> padded;  // one row of probabilities over a head's whole table
+  // Without a policy: every layer's slots and attention staged now, one upload each.
+  std::vector<std::vector<Wave>> layer_waves;
+  if (pu.device_appends()) {
+    mirror_written_pages();  // compactions and promotions since the last pass
+    append_pending_slots(pu);
+    size_t tables_at = 0, units_at = 0;
+    for (int l = 0; l < c.n_layer; ++l) layer_waves.push_back(stage_attention(l, pu, tables_at, units_at));
+    upload(tables.data(), h_tables.data(), tables_at * sizeof(const uint16_t*));
+    upload(units.data(), h_units.data(), units_at * sizeof(cuda::AttentionUnit));
+  }
 
   for (int l = 0; l < c.n_layer; ++l) {
     const DeviceLayer& w = layers[size_t(l)];
     cuda::rms_norm(x.data(), w.attn_norm, xn.data(), T, E, c.rms_eps, stream);
-    matmul(w.wq, xn.data(), T, q.data());
-    matmul(w.wk, xn.data(), T, k.data());
-    matmul(w.wv, xn.data(), T, v.data());
+    matmul_same_input({w.wq, w.wk, w.wv}, {q.data(), k.data(), v.data()}, xn.data(), T);
     if (w.bq != nullptr) cuda::add_rows(q.data(), w.bq, T, q_dim, stream);
     if (w.bk != nullptr) cuda::add_rows(k.data(), w.bk, T, kv_dim, stream);
     if (w.bv != nullptr) cuda::add_rows(v.data(), w.bv, T, kv_dim, stream);
     cuda::rope(q.data(), positions.data(), inv_freq, T, H, D, c.n_rot, model.rope().mscale, c.rope_style, stream);
     cuda::rope(k.data(), positions.data(), inv_freq, T, KV, D, c.n_rot, model.rope().mscale, c.rope_style, stream);
-    cuda::to_f16(k.data(), k16.data(), T * kv_dim, stream);
-    cuda::to_f16(v.data(), v16.data(), T * kv_dim, stream);
-    download(hk16, k16.data(), size_t(T * kv_dim) * sizeof(uint16_t));
-    download(hv16, v16.data(), size_t(T * kv_dim) * sizeof(uint16_t));
-    if (hq != nullptr) download(hq, q.data(), size_t(T * q_dim) * sizeof(float));
-    sync();
-
-    // Append to the host cache (as ForwardPass does), then mirror what it wrote.
-    pool.parallel_for(int64_t(batch.size()) * KV, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end; ++u) {
-        const size_t i = size_t(u / KV);
-        const int h = int(u % KV);
-        const int copies = cache_heads[i] / KV;
-        for (int cp = 0; cp < copies; ++cp) {
-          for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
-            const int64_t r = row0[i] + int64_t(t);
-            cache.append(batch[i].seq, l, h * copies + cp, batch[i].start_pos + int32_t(t),
-                         hk16 + r * kv_dim + int64_t(h) * D, hv16 + r * kv_dim + int64_t(h) * D);
-          }
-        }
-      }
-    });
-    mirror_written_pages();
-
-    // Attention, in waves whose probabilities fit kWaveProbFloats.
-    for (size_t first = 0; first < unit_list.size();) {
-      size_t last = first;
-      size_t prob_floats = 0, table_entries = 0;
-      std::vector<size_t> prob_at, table_at;
-      while (last < unit_list.size()) {
-        const Unit& un = unit_list[last];
-        const BatchItem& item = batch[size_t(un.item)];
-        const int32_t n_tok = int32_t(item.tokens.size());
-        const int32_t visible = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - un.token);
-        const size_t need = size_t(queries_per_head[size_t(un.item)]) * size_t(visible);
-        if (last > first && prob_floats + need > kWaveProbFloats) break;
-        prob_at.push_back(prob_floats);
-        prob_floats += need;
-        if (un.token == 0 || last == first) {
-          table_at.push_back(table_entries);
-          table_entries += 2 * cache.page_ids(item.seq, l, un.head).size();
-        } else {
-          table_at.push_back(table_at.back());
-        }
-        ++last;
-      }
-      const size_t n_units = last - first;
-      const uint16_t** ht = h_tables.reserve(std::max<size_t>(table_entries, 1));
-      cuda::AttentionUnit* hu = h_units.reserve(n_units);
-      const uint16_t** dt = reserve_device(tables, std::max<size_t>(table_entries, 1));
-      cuda::AttentionUnit* du = reserve_device(units, n_units);
-      float* dp = reserve_device(probs, std::max<size_t>(prob_floats, 1));
-      for (size_t j = 0; j < n_units; ++j) {
-        const Unit& un = unit_list[first + j];
-        const BatchItem& item = batch[size_t(un.item)];
-        const int32_t n_tok = int32_t(item.tokens.size());
-        const std::span<const int32_t> pages = cache.page_ids(item.seq, l, un.head);
-        if (un.token == 0 || j == 0) {
-          for (size_t p = 0; p < pages.size(); ++p) {
-            const uint8_t* page = mirror_page(pages[p]);
-            ht[table_at[j] + p] = reinterpret_cast<const uint16_t*>(page);
-            ht[table_at[j] + pages.size() + p] = reinterpret_cast<const uint16_t*>(page + cache.values_offset());
-          }
-        }
-        const int qph = queries_per_head[size_t(un.item)];
-        const int64_t r = row0[size_t(un.item)] + un.token;
-        const int64_t head0 = int64_t(un.head) * qph;  // first query head served by this cache head
-        cuda::AttentionUnit& a = hu[j];
-        a.q = q.data() + r * q_dim + head0 * D;
-        a.out = attn.data() + r * q_dim + head0 * D;
-        a.probs = dp + prob_at[j];
-        a.keys = dt + table_at[j];
-        a.values = dt + table_at[j] + pages.size();
-        a.n_slots = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - un.token);
-        a.n_group = qph;
-      }
-      upload(dt, ht, table_entries * sizeof(const uint16_t*));
-      upload(du, hu, n_units * sizeof(cuda::AttentionUnit));
-      cuda::attention_units(du, int64_t(n_units), max_group, D, page_slots, scale, stream);
-
-      // Statistics and remembered queries for the policies, on the host.
-      bool wants = false;
-      for (size_t j = 0; j < n_units && !wants; ++j) wants = batch[size_t(unit_list[first + j].item)].policy != nullptr;
-      if (wants) {
-        float* hp = h_probs.reserve(std::max<size_t>(prob_floats, 1));
-        download(hp, dp, prob_floats * sizeof(float));
-        sync();  // also: the staging above may be reused by the next wave
-        for (size_t j = 0; j < n_units; ++j) {
-          const Unit& un = unit_list[first + j];
-          const BatchItem& item = batch[size_t(un.item)];
-          if (item.policy == nullptr) continue;
-          const int qph = queries_per_head[size_t(un.item)];
-          const int32_t pos = item.start_pos + un.token;
-          const int64_t r = row0[size_t(un.item)] + un.token;
-          const cpu::AttentionStats* stats = item.policy->stats(l, un.head, pos);
-          if (float* keep = item.policy->query_buffer(l, un.head, pos)) {
-            const float* src = hq + r * q_dim + int64_t(un.head) * qph * D;
-            std::copy(src, src + int64_t(qph) * D, keep);
-          }
-          if (stats == nullptr) continue;
-          // Over the whole table, the slots this token may not see at 0 (as the
-          // CPU kernel's causal mask leaves them).
-          const int32_t n_all = cache.n_slots(item.seq, l, un.head);
-          const int32_t visible = hu[j].n_slots;
-          padded.assign(size_t(n_all), 0.0f);
-          for (int g = 0; g < qph; ++g) {
-            const float* row = hp + prob_at[j] + size_t(g) * size_t(visible);
-            std::copy(row, row + visible, padded.begin());
-            cpu::record_stats(padded.data(), n_all, *stats);
-          }
-        }
-      } else {
-        sync();  // the page-locked tables are reused by the next wave
-      }
-      first = last;
+    append_layer(l, pu, T);
+    if (pu.device_appends()) {
+      attend(l, pu, layer_waves[size_t(l)], size_t(l) * pu.list.size());
+    } else {
+      size_t tables_at = 0, units_at = 0;  // the staging is reused layer after layer
+      const std::vector<Wave> waves = stage_attention(l, pu, tables_at, units_at);
+      upload(tables.data(), h_tables.data(), tables_at * sizeof(const uint16_t*));
+      upload(units.data(), h_units.data(), units_at * sizeof(cuda::AttentionUnit));
+      attend(l, pu, waves, 0);
+      sync();  // the page-locked tables and units are reused by the next layer
     }
 
     const float* wo_in = w.wo_input_offset < 0 ? attn.data() : widen(attn.data(), T, q_dim, w.wo.cols, w.wo_input_offset);
@@ -577,8 +741,7 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
     cuda::add_inplace(x.data(), tmp.data(), T * E, stream);
 
     cuda::rms_norm(x.data(), w.ffn_norm, xn.data(), T, E, c.rms_eps, stream);
-    matmul(w.w_gate, xn.data(), T, gate.data());
-    matmul(w.w_up, xn.data(), T, up.data());
+    matmul_same_input({w.w_gate, w.w_up}, {gate.data(), up.data()}, xn.data(), T);
     cuda::silu_mul(gate.data(), up.data(), gate.data(), T * c.n_ff, stream);
     const float* down_in =
         w.down_input_offset < 0 ? gate.data() : widen(gate.data(), T, c.n_ff, w.w_down.cols, w.down_input_offset);
@@ -591,8 +754,8 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   int64_t out_row = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const int64_t n_tok = int64_t(batch[i].tokens.size());
-    const int64_t first = batch[i].all_logits ? row0[i] : row0[i] + n_tok - 1;
-    const int64_t n_rows = row0[i] + n_tok - first;
+    const int64_t first = batch[i].all_logits ? rows.row0[i] : rows.row0[i] + n_tok - 1;
+    const int64_t n_rows = rows.row0[i] + n_tok - first;
     cuda::rms_norm(x.data() + first * E, output_norm, xn.data() + out_row * E, n_rows, E, c.rms_eps, stream);
     out_row += n_rows;
   }
@@ -600,7 +763,13 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   const size_t n_logits = size_t(n_logit_rows) * size_t(c.n_vocab);
   float* hl = h_logits.data();
   download(hl, logits.data(), n_logits * sizeof(float));
+  if (pu.device_appends()) {
+    const size_t rows_bytes = size_t(c.n_layer) * size_t(T * kv_dim) * sizeof(uint16_t);
+    download(h_k16.data(), k16.data(), rows_bytes);
+    download(h_v16.data(), v16.data(), rows_bytes);
+  }
   sync();
+  if (pu.device_appends()) write_back_slots(pu, T);
 
   // Eviction on the host, after attention saw the full cache; the pages it
   // rewrites reach the mirror at the next pass's first layer.

@@ -4,13 +4,14 @@
 //
 // The KV cache stays the worker's KvCache: its slot tables, and the policies
 // and tiers that compact it, run on the host as on the CPU backend, and the
-// device holds a mirror of its page pool (same page ids). Each layer the pass
-// computes K/V on the device, appends them to the cache, and copies the pages
-// written since the last copy (its own appends, the policies' compactions, the
-// tiers' promotions) into the mirror in one launch; attention then reads the
-// mirror, and the probabilities come back only for sequences whose policy
-// records statistics. So every policy runs unchanged, on the same f16 K/V the
-// CPU backend would hold.
+// device holds a mirror of its page pool (same page ids); the pages the host
+// writes (compactions, promotions) are copied into the mirror in one launch.
+// A pass without a policy appends every layer's slots at its start and writes
+// their K/V rows into the mirror on the device, with no host round trip
+// inside the layers (the rows reach the host's pages with the logits). A
+// pass with a policy appends through the host each layer and brings the
+// probabilities back for its statistics. So every policy runs unchanged, on
+// the same f16 K/V the CPU backend would hold.
 #pragma once
 
 #include <memory>

@@ -23,6 +23,7 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
 
 namespace lazykv::cuda {
 namespace {
@@ -160,6 +161,57 @@ struct MatmulCase {
   int64_t rows, cols, batch;
 };
 
+std::string case_name(const MatmulCase& c) {
+  return std::string(dtype_traits(c.type).name) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+         " batch " + std::to_string(c.batch);
+}
+
+// Random weights of c's shape quantized to its type: the GGML rows, their
+// dequantized values and the tiled matrix on the device.
+struct TiledWeights {
+  std::vector<uint8_t> rows;
+  std::vector<float> dequantized;
+  DeviceBuffer<uint8_t> tiled;
+  WeightMatrix matrix;
+};
+
+TiledWeights make_tiled_weights(const MatmulCase& c, uint32_t seed) {
+  TiledWeights w;
+  const auto w_f = random_floats(c.rows * c.cols, seed, 0.3f);
+  const size_t row_size = row_bytes(c.type, c.cols);
+  w.rows.resize(c.rows * row_size);
+  w.dequantized.resize(c.rows * c.cols);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    cpu::quantize_row(c.type, &w_f[r * c.cols], &w.rows[r * row_size], c.cols);
+    cpu::dequantize_row(c.type, &w.rows[r * row_size], &w.dequantized[r * c.cols], c.cols);
+  }
+  DeviceBuffer<uint8_t> d_rows(w.rows);
+  w.tiled = DeviceBuffer<uint8_t>(tiled_bytes(c.type, c.rows, c.cols));
+  tile_weights(c.type, d_rows.data(), c.rows, c.cols, w.tiled.data(), nullptr);
+  synchronize();  // d_rows goes away
+  w.matrix = WeightMatrix{c.type, c.rows, c.cols, w.tiled.data()};
+  return w;
+}
+
+// Each y[b][r] within tolerance · Σ|w||x| of the exact product of the
+// dequantized weights (double accumulation); returns the exact products.
+std::vector<double> expect_exact_product(const std::vector<float>& y, const TiledWeights& w,
+                                         const std::vector<float>& x, const MatmulCase& c, double tolerance) {
+  std::vector<double> exact(c.batch * c.rows);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t r = 0; r < c.rows; ++r) {
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t k = 0; k < c.cols; ++k) {
+        sum += double(w.dequantized[r * c.cols + k]) * x[b * c.cols + k];
+        magnitude += std::fabs(double(w.dequantized[r * c.cols + k]) * x[b * c.cols + k]);
+      }
+      EXPECT_NEAR(y[b * c.rows + r], sum, tolerance * magnitude + 1e-6) << case_name(c) << " y[" << b << "][" << r << "]";
+      exact[b * c.rows + r] = sum;
+    }
+  }
+  return exact;
+}
+
 // Against the exact product of the dequantized weights (double accumulation):
 // |err| <= 5e-5 · Σ|w||x| covers f32 summation (Q4_1 sums d·(q·x) and
 // m·Σx separately, terms up to ~8x |w·x|) yet is ~0.1% of a typical output. Against cpu::matmul
@@ -169,50 +221,95 @@ TEST_F(CudaOpsTest, MatmulMatchesCpu) {
   const std::vector<MatmulCase> cases = {
       {DType::kQ4_1, 37, 256, 1},  {DType::kQ4_1, 64, 1024, 5}, {DType::kQ4_1, 13, 96, 11},
       {DType::kQ8_0, 37, 256, 1},  {DType::kQ8_0, 64, 1024, 8}, {DType::kQ8_0, 13, 96, 17},
-      {DType::kF16, 37, 256, 1},   {DType::kF16, 64, 1024, 9},  {DType::kF16, 13, 100, 3},  // 100: unvectorized path
+      {DType::kF16, 37, 256, 1},   {DType::kF16, 64, 1024, 9},  {DType::kF16, 13, 100, 3},  // 100: a partial chunk
+      {DType::kBF16, 37, 256, 2},  {DType::kBF16, 70, 520, 4},  {DType::kQ4_0, 33, 512, 1},
+      {DType::kQ4_0, 64, 2048, 6}, {DType::kQ4_1, 96, 4096, 2}, {DType::kQ8_0, 40, 4096, 3},  // many chunks per warp
+      {DType::kQ4_1, 200, 512, 70}, {DType::kQ8_0, 130, 256, 64},  // many passes of 8 rows
   };
   ThreadPool pool(2);
   for (const MatmulCase& c : cases) {
-    const std::string name = std::string(dtype_traits(c.type).name) + " " + std::to_string(c.rows) + "x" +
-                             std::to_string(c.cols) + " batch " + std::to_string(c.batch);
+    const std::string name = case_name(c);
     ASSERT_TRUE(matmul_supported(c.type)) << name;
-    const auto w_f = random_floats(c.rows * c.cols, 9, 0.3f);
+    const TiledWeights w = make_tiled_weights(c, 9);
     const auto x = random_floats(c.batch * c.cols, 10);
-    const size_t row_size = row_bytes(c.type, c.cols);
-    std::vector<uint8_t> w_q(c.rows * row_size);
-    std::vector<float> w_deq(c.rows * c.cols);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      cpu::quantize_row(c.type, &w_f[r * c.cols], &w_q[r * row_size], c.cols);
-      cpu::dequantize_row(c.type, &w_q[r * row_size], &w_deq[r * c.cols], c.cols);
-    }
-
-    DeviceBuffer<uint8_t> d_w(w_q);
     DeviceBuffer<float> d_x(x), d_y(c.batch * c.rows);
-    matmul(WeightMatrix{c.type, c.rows, c.cols, d_w.data()}, d_x.data(), c.batch, d_y.data(), nullptr);
-    const auto y = d_y.to_host();
+    matmul(w.matrix, d_x.data(), c.batch, d_y.data(), nullptr);
+    const std::vector<double> exact = expect_exact_product(d_y.to_host(), w, x, c, 5e-5);
 
-    const cpu::WeightMatrix cpu_w{c.type, c.rows, c.cols, w_q.data()};
+    const cpu::WeightMatrix cpu_w{c.type, c.rows, c.cols, w.rows.data()};
     const size_t scratch_bytes = cpu::matmul_scratch_bytes(cpu_w, c.batch, pool.size());
     void* scratch = ::operator new(scratch_bytes + 64, std::align_val_t(64));
     std::vector<float> y_cpu(c.batch * c.rows);
     cpu::matmul(cpu_w, x.data(), c.batch, y_cpu.data(), scratch, pool);
     ::operator delete(scratch, std::align_val_t(64));
-
+    const auto y = d_y.to_host();
     double diff2 = 0.0, norm2 = 0.0;
-    for (int64_t b = 0; b < c.batch; ++b) {
-      for (int64_t r = 0; r < c.rows; ++r) {
-        double exact = 0.0, magnitude = 0.0;
-        for (int64_t k = 0; k < c.cols; ++k) {
-          exact += double(w_deq[r * c.cols + k]) * x[b * c.cols + k];
-          magnitude += std::fabs(double(w_deq[r * c.cols + k]) * x[b * c.cols + k]);
-        }
-        const float got = y[b * c.rows + r];
-        EXPECT_NEAR(got, exact, 5e-5 * magnitude + 1e-6) << name << " y[" << b << "][" << r << "]";
-        diff2 += (double(got) - y_cpu[b * c.rows + r]) * (double(got) - y_cpu[b * c.rows + r]);
-        norm2 += exact * exact;
-      }
+    for (size_t i = 0; i < y.size(); ++i) {
+      diff2 += (double(y[i]) - y_cpu[i]) * (double(y[i]) - y_cpu[i]);
+      norm2 += exact[i] * exact[i];
     }
     EXPECT_LT(std::sqrt(diff2 / norm2), 1e-4) << name << ": cuda vs cpu::matmul";
+  }
+}
+
+// TF32 rounds each input to 10 mantissa bits: a product is off by up to
+// ~2^-10 of itself, so a sum by up to ~1e-3 of Σ|w||x| (2e-3 with margin).
+// Partial tiles of rows and columns, a scratch smaller than the matrix (two
+// blocks of rows), every type.
+TEST_F(CudaOpsTest, TensorCoreGemmMatchesTheExactProduct) {
+  const std::vector<MatmulCase> cases = {{DType::kQ4_1, 200, 512, 70}, {DType::kQ8_0, 130, 256, 64},
+                                         {DType::kF16, 100, 100, 65},  {DType::kBF16, 64, 1024, 128},
+                                         {DType::kQ4_0, 37, 96, 97}};
+  TensorCoreGemm gemm(nullptr);
+  gemm.reserve(1, 1 << 19);  // 16 Mi floats: every case in one block
+  for (const MatmulCase& c : cases) {
+    const TiledWeights w = make_tiled_weights(c, 31);
+    const auto x = random_floats(c.batch * c.cols, 32);
+    DeviceBuffer<float> d_x(x), d_y(c.batch * c.rows);
+    gemm.run(w.matrix, d_x.data(), c.batch, d_y.data());
+    expect_exact_product(d_y.to_host(), w, x, c, 2e-3);
+  }
+  // A scratch of 32 rows' room: the 200-row matrix in 7 blocks of rows.
+  TensorCoreGemm small(nullptr);
+  small.reserve(32, 512);
+  const MatmulCase c{DType::kQ8_0, 200, 512, 70};
+  const TiledWeights w = make_tiled_weights(c, 33);
+  DeviceBuffer<float> d_x(random_floats(c.batch * c.cols, 34)), d_whole(c.batch * c.rows), d_blocks(c.batch * c.rows);
+  gemm.run(w.matrix, d_x.data(), c.batch, d_whole.data());
+  small.run(w.matrix, d_x.data(), c.batch, d_blocks.data());
+  expect_close(d_blocks.to_host(), d_whole.to_host(), 1e-4f, 1e-4f, "blocks of rows vs one block");
+}
+
+// Q, K and V in one launch: each output exactly as its own matmul (the same
+// per-tile arithmetic), for matrices of different heights and a batch.
+TEST_F(CudaOpsTest, MatmulSharedInputEqualsSeparateMatmuls) {
+  const int64_t cols = 512, heights[3] = {96, 16, 40};
+  for (int64_t batch : {int64_t(1), int64_t(3)}) {
+    const auto x = random_floats(batch * cols, 21);
+    DeviceBuffer<float> d_x(x);
+    std::vector<TiledWeights> tiled;
+    std::vector<DeviceBuffer<float>> together, apart;
+    WeightMatrix w[3];
+    float* y[3];
+    for (int i = 0; i < 3; ++i) {
+      tiled.push_back(make_tiled_weights({DType::kQ4_1, heights[i], cols, batch}, uint32_t(22 + i)));
+      w[i] = tiled.back().matrix;
+      y[i] = together.emplace_back(batch * heights[i]).data();
+      matmul(w[i], d_x.data(), batch, apart.emplace_back(batch * heights[i]).data(), nullptr);
+    }
+    matmul_shared_input(w, y, 3, d_x.data(), batch, nullptr);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(together[size_t(i)].to_host(), apart[size_t(i)].to_host()) << "matrix " << i << " batch " << batch;
+    }
+  }
+  alignas(16) float dummy[4] = {};
+  const WeightMatrix mixed[2] = {{DType::kQ4_1, 1, 32, dummy}, {DType::kQ8_0, 1, 32, dummy}};
+  float* outs[2] = {dummy, dummy};
+  try {
+    matmul_shared_input(mixed, outs, 2, dummy, 1, nullptr);
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differ in type or width"), std::string::npos) << e.what();
   }
 }
 
@@ -297,13 +394,13 @@ TEST_F(CudaOpsTest, AttentionFullyMaskedGivesZeros) {
 // slot indices and max_pos at the prefix's end.
 TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
   const int head_dim = 64, page_slots = 16, max_group = 4;
-  const int32_t head_slots[2] = {70, 33};
+  const int32_t head_slots[3] = {70, 33, 600};  // 600: three split blocks of 256 slots
   std::vector<std::vector<uint16_t>> pages;                    // host pages of both heads
-  std::vector<std::vector<const uint16_t*>> host_keys(2), host_values(2);
+  std::vector<std::vector<const uint16_t*>> host_keys(3), host_values(3);
   std::vector<DeviceBuffer<uint16_t>> d_pages;
-  std::vector<const uint16_t*> table;                          // device: head 0 keys, values, head 1 keys, values
-  size_t table_at[2] = {0, 0};
-  for (int h = 0; h < 2; ++h) {
+  std::vector<const uint16_t*> table;                          // device: each head's keys, then its values
+  size_t table_at[3] = {0, 0, 0};
+  for (int h = 0; h < 3; ++h) {
     const int32_t n_pages = (head_slots[h] + page_slots - 1) / page_slots;
     std::vector<const uint16_t*> keys, values;
     for (int32_t p = 0; p < n_pages; ++p) {
@@ -324,7 +421,8 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
     int head, n_group;
     int32_t visible;
   };
-  const std::vector<Case> cases{{0, 4, 70}, {0, 4, 41}, {1, 1, 33}, {1, 2, 1}, {0, 3, 0}, {1, 4, 17}};
+  const std::vector<Case> cases{{0, 4, 70}, {0, 4, 41}, {1, 1, 33}, {1, 2, 1},
+                                {0, 3, 0},  {1, 4, 17}, {2, 4, 600}, {2, 2, 257}};
   std::vector<float> q_all, out_expected, probs_expected;
   std::vector<size_t> q_at, prob_at;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -358,7 +456,10 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
     out_at += size_t(c.n_group) * head_dim;
   }
   DeviceBuffer<AttentionUnit> d_units(units);
-  attention_units(d_units.data(), int64_t(units.size()), max_group, head_dim, page_slots, 1.0f / 8.0f, nullptr);
+  const int32_t max_slots = 600;
+  DeviceBuffer<float> d_scratch(attention_scratch_floats(int64_t(units.size()), max_group, head_dim, max_slots));
+  attention_units(d_units.data(), int64_t(units.size()), max_group, head_dim, page_slots, 1.0f / 8.0f, max_slots,
+                  d_scratch.data(), nullptr);
   synchronize();
   expect_close(d_out.to_host(), out_expected, 2e-5f, 2e-5f, "out");
   auto probs = d_probs.to_host();
@@ -433,7 +534,7 @@ TEST(CudaOps, RejectsUnsupportedArgumentsBeforeLaunching) {
   expect_invalid([&] { rope(&dummy, nullptr, nullptr, 1, 1, 4, 3, 1.0f, RopeStyle::kNeox, nullptr); });
   alignas(16) uint8_t page[64] = {};
   expect_invalid([&] { scatter_pages(page, nullptr, 1, 40, nullptr); });  // not whole 16-byte words
-  expect_invalid([&] { attention_units(nullptr, 1, 256, 128, 16, 1.0f, nullptr); });  // q over shared memory
+  expect_invalid([&] { attention_units(nullptr, 1, 256, 128, 16, 1.0f, 1, nullptr, nullptr); });  // q over shared memory
 }
 
 TEST(DeviceBuffer, EmptyBufferNeedsNoDevice) {

@@ -185,6 +185,34 @@ TEST(KvCache, KeysAreSlotContiguousWithinAPageAndSurviveCompaction) {
 // What a device mirror of the pool relies on: every page append() or
 // compact() writes is reported once, and a copy of just those pages (into a
 // mirror that started as a copy of the pool) equals the pool again.
+// A mirror that writes new rows itself: pending slots count and carry their
+// positions at once, their rows arrive later, and neither is a written page.
+TEST(KvCache, PendingSlotsTakeTheirRowsLaterWithoutBeingWritten) {
+  KvCache cache(small_config());
+  std::vector<int32_t> written;
+  cache.add_sequence(1);
+  cache.track_written_pages();
+  cache.reserve(1, 6);
+  for (int t = 0; t < 6; ++t) EXPECT_EQ(cache.append_pending(1, 1, 0, 10 + t), t);
+  EXPECT_EQ(cache.n_slots(1, 1, 0), 6);
+  EXPECT_EQ(cache.max_position(1), 15);
+  for (int t = 0; t < 6; ++t) {
+    const auto k = row(uint16_t(100 + t)), v = row(uint16_t(200 + t));
+    cache.write_slot(1, 1, 0, t, k.data(), v.data());
+  }
+  cache.take_written_pages(written);
+  EXPECT_TRUE(written.empty()) << "the mirror already holds these rows";
+  for (int t = 0; t < 6; ++t) {
+    EXPECT_EQ(key_at(cache, 1, 1, 0, t), 100 + t);
+    EXPECT_EQ(value_at(cache, 1, 1, 0, t), 200 + t);
+  }
+  const auto k = row(1);
+  EXPECT_THROW(cache.write_slot(1, 1, 0, 6, k.data(), k.data()), Error);  // past the slots
+  EXPECT_EQ(cache.append_pending(1, 1, 0, 16), 6);  // two pages of 4 reserved: room for 8
+  EXPECT_EQ(cache.append_pending(1, 1, 0, 17), 7);
+  EXPECT_THROW(cache.append_pending(1, 1, 0, 18), Error) << "past what reserve made room for";
+}
+
 TEST(KvCache, ReportsTheWrittenPagesForAMirror) {
   KvCache cache(small_config());
   std::vector<int32_t> written;
