@@ -19,6 +19,7 @@
 #include "coordinator/worker_client/remote_worker.h"
 #include "coordinator/worker_client/tensor_parallel_worker.h"
 #include "worker/format/gguf.h"
+#include "worker/format/synthetic_model.h"
 
 namespace lazykv {
 namespace {
@@ -26,6 +27,7 @@ namespace {
 // Only the tokenizer (and chat template): the coordinator never runs the model,
 // so its weights are not loaded.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  if (is_synthetic_name(path)) return std::make_unique<Tokenizer>(synthetic_model_tokenizer(path));
   if (std::filesystem::is_directory(path)) {
     return std::make_unique<Tokenizer>(Tokenizer::spec_from_hf_json(path + "/tokenizer.json"));
   }

@@ -22,8 +22,9 @@ std::string cache_dir() {
 
 std::string resolve_model_path(const std::string& name_or_path) {
   if (name_or_path != "default") {
+    if (name_or_path.rfind("synth:", 0) == 0) return name_or_path;  // made in memory (Model::load)
     if (!std::filesystem::exists(name_or_path)) {
-      throw Error(ErrorCode::kNotFound, "model '" + name_or_path + "' not found (give a .gguf file, a Hugging Face directory, or 'default')");
+      throw Error(ErrorCode::kNotFound, "model '" + name_or_path + "' not found (give a .gguf file, a Hugging Face directory, 'default' or synth:<shape>:<type>)");
     }
     return name_or_path;
   }

@@ -1,6 +1,12 @@
 #include "worker/model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -11,7 +17,10 @@
 #include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/fp16.h"
+#include "common/model_registry.h"
 #include "kernels/cpu/quant.h"
+#include "worker/format/synthetic_model.h"
+#include "worker/format/tiny_model.h"
 
 namespace lazykv {
 namespace {
@@ -77,7 +86,53 @@ const float* Model::keep_f32(std::vector<float> values) {
   return owned_.back()->data();
 }
 
+TokenizerSpec synthetic_model_tokenizer(const std::string& name) {
+  const SyntheticModelSpec spec = parse_synthetic_name(name);
+  TokenizerSpec base;
+  try {
+    base = tokenizer_spec_from_gguf(GgufFile::open(resolve_model_path("default")));
+  } catch (const Error&) {  // no default model here: the built-in byte-level vocabulary
+    base = tiny_tokenizer_spec(TinyModelSpec{});
+  }
+  return synthetic_tokenizer(spec, std::move(base));
+}
+
+// A synthetic model is written into an anonymous in-memory file and mapped
+// from there like any GGUF: nothing touches the disk.
+namespace {
+
+std::unique_ptr<Model> load_synthetic(const std::string& name) {
+  const SyntheticModelSpec spec = parse_synthetic_name(name);
+  const int fd = memfd_create("lazykv-synthetic-model", MFD_CLOEXEC);
+  if (fd < 0) throw Error(ErrorCode::kIo, "synthetic model: memfd_create: " + std::string(std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const int writer_fd = ::dup(fd);
+  std::FILE* f = writer_fd < 0 ? nullptr : ::fdopen(writer_fd, "wb");
+  if (f == nullptr) {
+    if (writer_fd >= 0) ::close(writer_fd);
+    throw Error(ErrorCode::kIo, "synthetic model: cannot open its in-memory file");
+  }
+  try {
+    write_synthetic_gguf(spec, synthetic_model_tokenizer(name), f, name);
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+  if (std::fclose(f) != 0) throw Error(ErrorCode::kIo, "synthetic model: cannot write its in-memory file");
+  return Model::load("/proc/self/fd/" + std::to_string(fd));  // mapped: the memory outlives the descriptor
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::load(const std::string& path) {
+  if (is_synthetic_name(path)) {
+    std::unique_ptr<Model> m = load_synthetic(path);
+    m->path_ = path;
+    return m;
+  }
   std::unique_ptr<Model> m(new Model());
   m->path_ = path;
   if (std::filesystem::is_directory(path)) {

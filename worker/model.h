@@ -33,7 +33,8 @@ struct LayerWeights {
 
 class Model {
  public:
-  // path: a .gguf file or a Hugging Face directory. Throws Error(kInvalidModel)
+  // path: a .gguf file, a Hugging Face directory or a synthetic model's name
+  // ("synth:<shape>:<type>", made in memory). Throws Error(kInvalidModel)
   // naming the problem for corrupt or unsupported models.
   static std::unique_ptr<Model> load(const std::string& path);
 
@@ -78,5 +79,10 @@ class Model {
 
 // Reads the tokenizer description from GGUF metadata.
 TokenizerSpec tokenizer_spec_from_gguf(const GgufFile& gguf);
+
+// The tokenizer of the synthetic model `name` (synthetic_model.h): the
+// default model's when it is in the cache, else the built-in byte-level one
+// (tiny_model.h), padded to the shape's vocabulary.
+TokenizerSpec synthetic_model_tokenizer(const std::string& name);
 
 }  // namespace lazykv

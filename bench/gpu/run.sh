@@ -6,7 +6,9 @@
 # Builds nothing; writes each step's output to OUT_DIR as it finishes (so a
 # run cut short keeps what it did) and OUT_DIR/summary.json with the ratios.
 #
-#   usage: bench/gpu/run.sh OUT_DIR MODEL.gguf... [-- LLAMA_CPP_BIN_DIR]
+#   usage: bench/gpu/run.sh OUT_DIR MODEL... [-- LLAMA_CPP_BIN_DIR]
+#   MODEL: a GGUF file, or a synthetic model (synth:llama3-8b:q4_1), written
+#   once to OUT_DIR/models by `lazykv synth-model` so both engines read it
 #   env:   LAZYKV_BIN (build/cli/lazykv), LAZYKV_CUDA_TESTS
 #          (build/tests/lazykv_cuda_tests), LAZYKV_MATMUL_BENCH
 #          (build/bench/cuda_matmul_bandwidth), BENCH_FLAGS (extra `lazykv
@@ -15,10 +17,9 @@
 #          in LLAMA_CPP_BIN_DIR; llama-batched-bench there gives the peer's
 #          decode at depth), NCU (an ncu binary: a per-kernel profile of the
 #          first model's decode)
-# Models of real shapes without downloads: ../shared/gpu/README.md (make_model).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-out=${1:?usage: $0 OUT_DIR MODEL.gguf... [-- LLAMA_CPP_BIN_DIR]}
+out=${1:?usage: $0 OUT_DIR MODEL... [-- LLAMA_CPP_BIN_DIR]}
 shift
 models=()
 llama=""
@@ -31,6 +32,15 @@ lazykv=${LAZYKV_BIN:-$root/build/cli/lazykv}
 tests=${LAZYKV_CUDA_TESTS:-$root/build/tests/lazykv_cuda_tests}
 matmul=${LAZYKV_MATMUL_BENCH:-$root/build/bench/cuda_matmul_bandwidth}
 mkdir -p "$out"
+for i in "${!models[@]}"; do
+  m=${models[$i]}
+  case $m in synth:*)
+    file="$out/models/$(echo "${m#synth:}" | tr ':' '-').gguf"
+    mkdir -p "$out/models"
+    [ -f "$file" ] || "$lazykv" synth-model --model "$m" --out "$file" || exit 1
+    models[$i]=$file
+  esac
+done
 
 step() {  # step NAME COMMAND...: stdout to NAME.out, stderr to NAME.err, status to status.txt
   local name=$1

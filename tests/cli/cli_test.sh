@@ -90,6 +90,24 @@ else
       "$tmp/err"; then pass "$cmd: cuda without a device says why"; else fail "$cmd --device cuda: $(cat "$tmp/err")"; fi
   done
 fi
+# Synthetic models: any command takes synth:<shape>:<type>; bench measures it
+# without a file, synth-model writes the same model as GGUF for llama.cpp.
+expect_exit 0 "bench a synthetic model" "$lazykv" bench --model synth:smollm2-135m:q4_1 --prefill-tokens 8 \
+  --decode-contexts 8 --decode-batches 2 --decode-steps 2 --reps 1
+if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["model"] == "synth-smollm2-135m-q4_1" and d["model_path"] == "synth:smollm2-135m:q4_1", d
+assert d["prefill8_tok_s"] > 0 and d["decode_ctx8_tok_s"] > 0 and d["decode_batch2_ctx128_tok_s"] > 0, d
+assert 0 < d["memory"]["decode_ctx8_fraction_of_read"] < 2, d["memory"]
+' "$tmp/out"; then pass "synthetic bench JSON"; else fail "synthetic bench JSON: $(head -c 400 "$tmp/out")"; fi
+expect_exit 0 "synth-model writes a GGUF" "$lazykv" synth-model --model synth:smollm2-135m:q8_0 --out "$tmp/synth.gguf"
+expect_exit 0 "generate from the written synthetic model" "$lazykv" generate --model "$tmp/synth.gguf" --prompt "Hi" \
+  --max-tokens 4
+expect_in "$tmp/err" "4 generated" "the written synthetic model generates"
+expect_exit 2 "an unknown synthetic shape" "$lazykv" generate --model synth:gpt5:q4_0 --prompt "Hi"
+expect_in "$tmp/err" "unknown shape 'gpt5'" "an unknown synthetic shape is named"
+
 expect_exit 0 "help" "$lazykv" generate --help
 expect_in "$tmp/out" "--max-tokens" "help lists flags"
 expect_in "$tmp/out" "KV eviction policy: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas, caote, obcache" \

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "common/error.h"
@@ -597,8 +598,8 @@ void GgufWriter::set_f32_array(std::string key, const std::vector<float>& values
       }));
 }
 
-void GgufWriter::add_tensor(std::string name, std::vector<int64_t> shape, DType type,
-                            std::vector<uint8_t> data) {
+void GgufWriter::add_tensor(std::string name, std::vector<int64_t> shape, DType type, size_t bytes,
+                            TensorFill fill) {
   if (shape.empty() || shape.size() > kMaxDims) {
     writer_fail("tensor '" + name + "' must have 1 to 4 dimensions");
   }
@@ -612,17 +613,25 @@ void GgufWriter::add_tensor(std::string name, std::vector<int64_t> shape, DType 
     writer_fail("tensor '" + name + "' row length is not a multiple of the block size");
   }
   const uint64_t expected = row_bytes(type, static_cast<size_t>(shape[0])) * rows;
-  if (data.size() != expected) {
-    writer_fail("tensor '" + name + "' has " + std::to_string(data.size()) + " bytes, expected " +
+  if (bytes != expected) {
+    writer_fail("tensor '" + name + "' has " + std::to_string(bytes) + " bytes, expected " +
                 std::to_string(expected));
   }
   for (const PendingTensor& t : tensors_) {
     if (t.name == name) writer_fail("duplicate tensor '" + name + "'");
   }
-  tensors_.push_back(PendingTensor{std::move(name), std::move(shape), type, std::move(data)});
+  tensors_.push_back(PendingTensor{std::move(name), std::move(shape), type, bytes, std::move(fill)});
 }
 
-std::vector<uint8_t> GgufWriter::to_bytes(uint32_t alignment) const {
+void GgufWriter::add_tensor(std::string name, std::vector<int64_t> shape, DType type,
+                            std::vector<uint8_t> data) {
+  const size_t bytes = data.size();
+  auto owned = std::make_shared<std::vector<uint8_t>>(std::move(data));
+  add_tensor(std::move(name), std::move(shape), type, bytes,
+             [owned](uint8_t* out) { std::memcpy(out, owned->data(), owned->size()); });
+}
+
+std::vector<uint8_t> GgufWriter::header(uint32_t alignment) const {
   if (alignment == 0 || !std::has_single_bit(alignment) || alignment > kMaxAlignment) {
     writer_fail("alignment " + std::to_string(alignment) + " is not a power of two");
   }
@@ -657,25 +666,46 @@ std::vector<uint8_t> GgufWriter::to_bytes(uint32_t alignment) const {
     for (int64_t d : t.shape) out.put<uint64_t>(static_cast<uint64_t>(d));
     out.put<uint32_t>(static_cast<uint32_t>(t.type));
     out.put<uint64_t>(offset);
-    offset = (offset + t.data.size() + alignment - 1) / alignment * alignment;
+    offset = (offset + t.bytes + alignment - 1) / alignment * alignment;
   }
   out.pad_to(alignment);
-  for (const PendingTensor& t : tensors_) {
-    out.append(t.data);
-    out.pad_to(alignment);
-  }
   return std::move(out.bytes());
 }
 
+void GgufWriter::stream(uint32_t alignment, const std::function<void(const uint8_t*, size_t)>& sink) const {
+  const std::vector<uint8_t> head = header(alignment);
+  sink(head.data(), head.size());
+  std::vector<uint8_t> data;
+  for (const PendingTensor& t : tensors_) {  // one tensor in memory at a time
+    data.assign((t.bytes + alignment - 1) / alignment * alignment, 0);
+    t.fill(data.data());
+    sink(data.data(), data.size());
+  }
+}
+
+std::vector<uint8_t> GgufWriter::to_bytes(uint32_t alignment) const {
+  std::vector<uint8_t> out;
+  stream(alignment, [&](const uint8_t* p, size_t n) { out.insert(out.end(), p, p + n); });
+  return out;
+}
+
+void GgufWriter::write(std::FILE* f, const std::string& what, uint32_t alignment) const {
+  stream(alignment, [&](const uint8_t* p, size_t n) {
+    if (std::fwrite(p, 1, n, f) != n) throw Error(ErrorCode::kIo, "gguf writer: cannot write " + what);
+  });
+  if (std::fflush(f) != 0) throw Error(ErrorCode::kIo, "gguf writer: cannot write " + what);
+}
+
 void GgufWriter::write(const std::string& path, uint32_t alignment) const {
-  const std::vector<uint8_t> bytes = to_bytes(alignment);
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) throw Error(ErrorCode::kIo, "gguf writer: cannot create '" + path + "'");
-  const size_t written = std::fwrite(bytes.data(), 1, bytes.size(), f);
-  const bool closed = std::fclose(f) == 0;
-  if (written != bytes.size() || !closed) {
-    throw Error(ErrorCode::kIo, "gguf writer: cannot write '" + path + "'");
+  try {
+    write(f, "'" + path + "'", alignment);
+  } catch (...) {
+    std::fclose(f);
+    throw;
   }
+  if (std::fclose(f) != 0) throw Error(ErrorCode::kIo, "gguf writer: cannot write '" + path + "'");
 }
 
 }  // namespace lazykv

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -93,17 +95,27 @@ class GgufWriter {
   // shape in GGUF order (innermost first); data must be row_bytes(type, shape[0]) * rows.
   void add_tensor(std::string name, std::vector<int64_t> shape, DType type,
                   std::vector<uint8_t> data);
+  // The same, its `bytes` bytes made by `fill` only while writing, so a model
+  // far larger than memory is written one tensor at a time.
+  using TensorFill = std::function<void(uint8_t* out)>;
+  void add_tensor(std::string name, std::vector<int64_t> shape, DType type, size_t bytes, TensorFill fill);
 
   std::vector<uint8_t> to_bytes(uint32_t alignment = 32) const;
   void write(const std::string& path, uint32_t alignment = 32) const;
+  // To an open file (what: its name in errors); flushed, not closed.
+  void write(std::FILE* f, const std::string& what, uint32_t alignment = 32) const;
 
  private:
   std::vector<std::pair<std::string, GgufValue>> metadata_;
+  std::vector<uint8_t> header(uint32_t alignment) const;  // up to the first tensor's data
+  void stream(uint32_t alignment, const std::function<void(const uint8_t*, size_t)>& sink) const;
+
   struct PendingTensor {
     std::string name;
     std::vector<int64_t> shape;
     DType type;
-    std::vector<uint8_t> data;
+    size_t bytes;
+    TensorFill fill;
   };
   std::vector<PendingTensor> tensors_;
 };

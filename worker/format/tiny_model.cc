@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/fp16.h"
+#include "common/seeded_random.h"
 #include "kernels/cpu/quant.h"
 #include "worker/format/gguf.h"
 #include "worker/format/safetensors.h"
@@ -59,22 +60,6 @@ std::string byte_to_unicode(int b) {
 }
 
 // ---- deterministic weights --------------------------------------------------
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 // Approximately normal values with only additions and multiplications (sum
 // of four uniforms, Irwin-Hall), so they are bit-identical on every platform.
