@@ -708,4 +708,37 @@ void GgufWriter::write(const std::string& path, uint32_t alignment) const {
   if (std::fclose(f) != 0) throw Error(ErrorCode::kIo, "gguf writer: cannot write '" + path + "'");
 }
 
+void set_model_metadata(GgufWriter& w, const GgufModelShape& m) {
+  const std::string& a = m.arch;
+  w.set_string("general.architecture", a);
+  w.set_string("general.type", "model");
+  w.set_string("general.name", m.name);
+  w.set_u32(a + ".block_count", static_cast<uint32_t>(m.n_layer));
+  w.set_u32(a + ".context_length", static_cast<uint32_t>(m.n_ctx));
+  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(m.n_embd));
+  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(m.n_ff));
+  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(m.n_head));
+  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(m.n_head_kv));
+  w.set_f32(a + ".rope.freq_base", m.rope_theta);
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", m.rms_eps);
+  w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(m.head_dim));
+  w.set_u32(a + ".vocab_size", static_cast<uint32_t>(m.n_vocab));
+  if (m.quantized) w.set_u32("general.quantization_version", 2);
+}
+
+void set_tokenizer_metadata(GgufWriter& w, const TokenizerSpec& tok) {
+  w.set_string("tokenizer.ggml.model", tok.model);
+  w.set_string("tokenizer.ggml.pre", tok.pre);
+  w.set_string_array("tokenizer.ggml.tokens", tok.tokens);
+  w.set_i32_array("tokenizer.ggml.token_type", tok.token_types);
+  w.set_string_array("tokenizer.ggml.merges", tok.merges);
+  w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(tok.bos_id));
+  w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(tok.eos_id));
+  w.set_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(std::max(tok.unk_id, 0)));
+  w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(std::max(tok.pad_id, 0)));
+  w.set_bool("tokenizer.ggml.add_bos_token", tok.add_bos);
+  w.set_bool("tokenizer.ggml.add_space_prefix", false);
+  if (!tok.chat_template.empty()) w.set_string("tokenizer.chat_template", tok.chat_template);
+}
+
 }  // namespace lazykv

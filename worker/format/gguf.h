@@ -17,6 +17,7 @@
 
 #include "common/dtype.h"
 #include "common/mapped_file.h"
+#include "common/tokenizer_spec.h"
 
 namespace lazykv {
 
@@ -119,5 +120,16 @@ class GgufWriter {
   };
   std::vector<PendingTensor> tensors_;
 };
+
+// The llama.cpp metadata keys of a decoder-only model's shape.
+struct GgufModelShape {
+  std::string arch, name;
+  int n_layer, n_ctx, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab;
+  float rope_theta, rms_eps;
+  bool quantized;  // general.quantization_version 2
+};
+void set_model_metadata(GgufWriter& w, const GgufModelShape& shape);
+// tokenizer.ggml.* and the chat template (when the spec has one).
+void set_tokenizer_metadata(GgufWriter& w, const TokenizerSpec& tok);
 
 }  // namespace lazykv

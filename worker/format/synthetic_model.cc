@@ -103,37 +103,6 @@ std::vector<TensorRecipe> recipes(const SyntheticModelSpec& spec) {
   return out;
 }
 
-void set_metadata(GgufWriter& w, const SyntheticModelSpec& spec, const TokenizerSpec& tok) {
-  const SyntheticShape& s = spec.shape;
-  const std::string& a = s.arch;
-  w.set_string("general.architecture", a);
-  w.set_string("general.type", "model");
-  w.set_string("general.name", "synth-" + s.name + "-" + lower(std::string(dtype_traits(spec.type).name)));
-  w.set_u32(a + ".block_count", uint32_t(s.n_layer));
-  w.set_u32(a + ".context_length", 32768);
-  w.set_u32(a + ".embedding_length", uint32_t(s.n_embd));
-  w.set_u32(a + ".feed_forward_length", uint32_t(s.n_ff));
-  w.set_u32(a + ".attention.head_count", uint32_t(s.n_head));
-  w.set_u32(a + ".attention.head_count_kv", uint32_t(s.n_head_kv));
-  w.set_f32(a + ".rope.freq_base", s.rope_theta);
-  w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
-  w.set_u32(a + ".rope.dimension_count", uint32_t(s.n_embd / s.n_head));
-  w.set_u32(a + ".vocab_size", uint32_t(s.n_vocab));
-  w.set_u32("general.quantization_version", 2);
-  w.set_string("tokenizer.ggml.model", tok.model);
-  w.set_string("tokenizer.ggml.pre", tok.pre);
-  w.set_string_array("tokenizer.ggml.tokens", tok.tokens);
-  w.set_i32_array("tokenizer.ggml.token_type", tok.token_types);
-  w.set_string_array("tokenizer.ggml.merges", tok.merges);
-  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(tok.bos_id));
-  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(tok.eos_id));
-  w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(std::max(tok.unk_id, 0)));
-  w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(std::max(tok.pad_id, 0)));
-  w.set_bool("tokenizer.ggml.add_bos_token", tok.add_bos);
-  w.set_bool("tokenizer.ggml.add_space_prefix", false);
-  if (!tok.chat_template.empty()) w.set_string("tokenizer.chat_template", tok.chat_template);
-}
-
 }  // namespace
 
 const std::vector<SyntheticShape>& synthetic_shapes() {
@@ -195,8 +164,12 @@ TokenizerSpec synthetic_tokenizer(const SyntheticModelSpec& spec, TokenizerSpec 
 
 void write_synthetic_gguf(const SyntheticModelSpec& spec, const TokenizerSpec& tokenizer, std::FILE* out,
                           const std::string& what, int threads) {
+  const SyntheticShape& s = spec.shape;
   GgufWriter w;
-  set_metadata(w, spec, tokenizer);
+  set_model_metadata(w, {s.arch, "synth-" + s.name + "-" + lower(std::string(dtype_traits(spec.type).name)), s.n_layer,
+                         32768, s.n_embd, s.n_ff, s.n_head, s.n_head_kv, s.n_embd / s.n_head, s.n_vocab, s.rope_theta,
+                         1e-5f, true});
+  set_tokenizer_metadata(w, tokenizer);
   ThreadPool pool(threads);
   for (TensorRecipe& t : recipes(spec)) {
     const int64_t rows = t.shape.size() > 1 ? t.shape[1] : 1;

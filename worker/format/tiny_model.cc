@@ -287,33 +287,9 @@ void write_tiny_gguf(const std::string& path, const TinyModelSpec& s) {
   const std::string& a = s.arch;
 
   GgufWriter w;
-  w.set_string("general.architecture", a);
-  w.set_string("general.type", "model");
-  w.set_string("general.name", "tiny-" + a);
-  w.set_u32(a + ".block_count", static_cast<uint32_t>(s.n_layer));
-  w.set_u32(a + ".context_length", static_cast<uint32_t>(s.n_ctx));
-  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(s.n_embd));
-  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(s.n_ff));
-  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(s.n_head));
-  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
-  w.set_f32(a + ".rope.freq_base", s.rope_theta);
-  w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps);
-  w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.head_dim()));
-  w.set_u32(a + ".vocab_size", static_cast<uint32_t>(tok.tokens.size()));
-  if (s.weight_type != DType::kF32) w.set_u32("general.quantization_version", 2);
-
-  w.set_string("tokenizer.ggml.model", tok.model);
-  w.set_string("tokenizer.ggml.pre", tok.pre);
-  w.set_string_array("tokenizer.ggml.tokens", tok.tokens);
-  w.set_i32_array("tokenizer.ggml.token_type", tok.token_types);
-  w.set_string_array("tokenizer.ggml.merges", tok.merges);
-  w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(tok.bos_id));
-  w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(tok.eos_id));
-  w.set_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(tok.unk_id));
-  w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(tok.pad_id));
-  w.set_bool("tokenizer.ggml.add_bos_token", tok.add_bos);
-  w.set_bool("tokenizer.ggml.add_space_prefix", false);
-  w.set_string("tokenizer.chat_template", tok.chat_template);
+  set_model_metadata(w, {a, "tiny-" + a, s.n_layer, s.n_ctx, s.n_embd, s.n_ff, s.n_head, s.n_head_kv, s.head_dim(),
+                         static_cast<int>(tok.tokens.size()), s.rope_theta, s.rms_eps, s.weight_type != DType::kF32});
+  set_tokenizer_metadata(w, tok);
 
   for (const TinyTensor& t : tensors) {
     w.add_tensor(t.gguf_name, std::vector<int64_t>(t.hf_shape.rbegin(), t.hf_shape.rend()),
