@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# A bounded load test: 64 concurrent streams against `lazykv serve` for three
-# rounds of LOAD_SECONDS (default 15; each round also waits for its 64
-# streams in flight, so about 40 s) with the load generator (`lazykv
-# bench-serve`). Passes when no request fails, nothing is
-# left running or cached afterwards, and the server's memory does not keep
-# growing: the resident set outside the KV page pool after round 3 is within
-# 5% of after round 2. Round 1 warms up: buffers sized by the largest step
-# seen (the logits of 64 sampled rows alone are 12 MB) reach their high-water
-# mark there. The pool is left out because it keeps its high-water mark,
-# which depends on how the streams' lengths happened to overlap; a page lost
-# from it would show as KV left in use, which is checked.
+# A bounded load test: 64 concurrent streams against `lazykv serve` in rounds
+# of LOAD_SECONDS (default 15; each round also waits for its 64 streams in
+# flight, so about 40 s) with the load generator (`lazykv bench-serve`).
+# Passes when no request fails, nothing is left running or cached
+# afterwards, and the server's memory does not keep growing: once a round
+# leaves the KV page pool's high-water mark where the round before left it,
+# the resident set outside the pool is within 5% of the round before. What
+# the server keeps outside the pool grows with the most tokens and rows a
+# step has seen (the logits of 64 sampled rows alone are 12 MB), and so does
+# the pool; how many of the 64 streams overlap differs from round to round
+# (on CI the pool went 64 -> 124 -> 216 MiB in three rounds), so rounds run
+# until the pool holds (at most MAX_ROUNDS, default 6). A page lost from the
+# pool would show as KV left in use, which is checked. A round of 64
+# requests outside a ~340 MB resident set catches a leak of ~270 KB a request.
 #   usage: load_test.sh LAZYKV_BINARY
 set -uo pipefail
 bin=$1
@@ -35,18 +38,26 @@ for _ in $(seq 1 300); do
 done
 [ -n "$url" ] || { cat "$work/serve.log" >&2; exit 1; }
 
-for round in 1 2 3; do
+max_rounds=${MAX_ROUNDS:-6}
+compared=0
+for round in $(seq 1 "$max_rounds"); do
   "$bin" bench-serve --url "$url" --concurrency "$streams" --duration "$seconds" --max-tokens 48 \
-    --prompt-tokens-approx 64 --temperature 0.7 --seed "$round" >"$work/round$round.json"
+    --prompt-tokens-approx 64 --temperature 0.7 --seed "$round" >"$work/round.json"
   code=$?
   check "round $round: bench-serve exit $code" test "$code" = 0
-  check "round $round: $(json "$work/round$round.json" 'd["requests"]') requests, $(json "$work/round$round.json" 'd["errors"]') errors, $(json "$work/round$round.json" 'round(d["output_tokens_per_s"], 1)') tok/s" \
-    test "$(json "$work/round$round.json" 'd["errors"] == 0 and d["requests"] >= d["concurrency"]')" = True
-  eval "rss$round=$(rss_kib) pool$round=$(pool_kib)"
+  check "round $round: $(json "$work/round.json" 'd["requests"]') requests, $(json "$work/round.json" 'd["errors"]') errors, $(json "$work/round.json" 'round(d["output_tokens_per_s"], 1)') tok/s" \
+    test "$(json "$work/round.json" 'd["errors"] == 0 and d["requests"] >= d["concurrency"]')" = True
+  rss=$(rss_kib) pool=$(pool_kib)
+  echo "after round $round: resident set $rss KiB, KV pool $pool KiB, outside the pool $((rss - pool)) KiB"
+  if [ "$round" -gt 1 ] && [ "$pool" = "$last_pool" ]; then
+    check "memory outside the KV pool is stable (round $round within 5% of round $((round - 1)))" \
+      test $((rss - pool)) -le $((last_outside + last_outside / 20))
+    compared=1
+    break
+  fi
+  last_pool=$pool last_outside=$((rss - pool))
 done
-echo "after rounds 1/2/3: resident set ${rss1}/${rss2}/${rss3} KiB, KV pool ${pool1}/${pool2}/${pool3} KiB"
-check "memory outside the KV pool is stable (round 3 within 5% of round 2)" \
-  test $((rss3 - pool3)) -le $(((rss2 - pool2) + (rss2 - pool2) / 20))
+check "the KV pool's high-water mark held for a round (within $max_rounds rounds)" test "$compared" = 1
 metrics=$(curl -s "$url/metrics")
 check "nothing left running" grep -q '^lazykv_requests_running 0$' <<<"$metrics"
 check "no KV left in use" grep -q '^lazykv_kv_bytes{tier="device"} 0$' <<<"$metrics"
@@ -64,6 +75,6 @@ wait "$load"
 check "the load generator finished after the drain" test -s "$work/drain.json"
 completed=$(json "$work/drain.json" 'd["requests"] - d["errors"]')
 check "requests in flight at SIGTERM completed ($completed of $(json "$work/drain.json" 'd["requests"]'))" test "$completed" -ge 1
-cat "$work/round3.json"
+cat "$work/round.json"
 [ "$failures" -eq 0 ] || exit 1
 echo "load test passed"
