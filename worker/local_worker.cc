@@ -76,6 +76,9 @@ std::string LocalWorker::start(const SequenceStart& s) {
     if (id < 0 || id >= options_.n_vocab) return "token id " + std::to_string(id) + " is outside the vocabulary";
   }
   if (s.top_logprobs > 20) return "top_logprobs must be <= 20";
+  for (const auto& [id, bias] : s.sampling.logit_bias) {
+    if (id >= options_.n_vocab) return "logit_bias: token id " + std::to_string(id) + " is outside the vocabulary";
+  }
   Sequence seq;
   try {
     s.sampling.validate();
@@ -87,6 +90,7 @@ std::string LocalWorker::start(const SequenceStart& s) {
   }
   seq.prompt = s.prompt;
   seq.sampler = std::make_unique<Sampler>(s.sampling);
+  seq.sampler->start(s.prompt, s.generated);
   seq.top_logprobs = s.top_logprobs;
   cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
   seqs_.emplace(s.seq, std::move(seq));

@@ -15,7 +15,31 @@ void SamplingParams::validate() const {
   if (top_k < 0) bad("top_k must be >= 0 (0 = off)");
   if (!(top_p > 0.0f && top_p <= 1.0f)) bad("top_p must be in (0, 1]");
   if (!(min_p >= 0.0f && min_p <= 1.0f)) bad("min_p must be in [0, 1]");
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) bad("presence_penalty must be in [-2, 2]");
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) bad("frequency_penalty must be in [-2, 2]");
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) bad("repetition_penalty must be > 0 (1 = off)");
+  for (const auto& [token, bias] : logit_bias) {
+    if (token < 0) bad("logit_bias: token id " + std::to_string(token) + " is negative");
+    if (!(bias >= -100.0f && bias <= 100.0f)) bad("logit_bias: the bias of token " + std::to_string(token) + " must be in [-100, 100]");
+  }
+  if (min_tokens < 0) bad("min_tokens must be >= 0");
+  for (int32_t token : end_tokens) {
+    if (token < 0) bad("end token id " + std::to_string(token) + " is negative");
+  }
 }
+
+bool SamplingParams::adjusts_logits() const {
+  return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !logit_bias.empty() ||
+         (min_tokens > 0 && !end_tokens.empty());
+}
+
+namespace {
+
+bool penalizes(const SamplingParams& p) {
+  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
+}
+
+}  // namespace
 
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
@@ -27,7 +51,53 @@ int32_t argmax(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) { params.validate(); }
 
+void Sampler::start(std::span<const int32_t> tokens, int32_t generated) {
+  generated = std::clamp(generated, 0, int32_t(tokens.size()));
+  generated_ = 0;
+  seen_.clear();
+  const size_t prompt = tokens.size() - size_t(generated);
+  // Only the repetition penalty looks at the prompt.
+  if (params_.repetition_penalty != 1.0f) {
+    for (size_t i = 0; i < prompt; ++i) seen_[tokens[i]].in_prompt = true;
+  }
+  for (size_t i = prompt; i < tokens.size(); ++i) count_output(tokens[i]);
+}
+
+void Sampler::count_output(int32_t token) {
+  ++generated_;
+  if (penalizes(params_)) ++seen_[token].in_output;
+}
+
 int32_t Sampler::sample(std::span<const float> logits) {
+  const int32_t token = pick(adjust(logits));
+  count_output(token);
+  return token;
+}
+
+std::span<const float> Sampler::adjust(std::span<const float> logits) {
+  const bool hold_end = generated_ < params_.min_tokens && !params_.end_tokens.empty();
+  if (params_.logit_bias.empty() && !hold_end && seen_.empty()) return logits;
+  adjusted_.assign(logits.begin(), logits.end());
+  const auto in_vocab = [&](int32_t token) { return size_t(token) < adjusted_.size(); };
+  for (const auto& [token, bias] : params_.logit_bias) {
+    if (in_vocab(token)) adjusted_[size_t(token)] += bias;
+  }
+  if (hold_end) {
+    for (int32_t token : params_.end_tokens) {
+      if (in_vocab(token)) adjusted_[size_t(token)] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  const float repetition = params_.repetition_penalty;
+  for (const auto& [token, seen] : seen_) {
+    if (!in_vocab(token)) continue;
+    float& logit = adjusted_[size_t(token)];
+    if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
+    if (seen.in_output > 0) logit -= params_.presence_penalty + params_.frequency_penalty * float(seen.in_output);
+  }
+  return adjusted_;
+}
+
+int32_t Sampler::pick(std::span<const float> logits) {
   if (params_.temperature == 0.0f) return argmax(logits);
   auto& c = candidates_;
   c.resize(logits.size());

@@ -1,11 +1,15 @@
 // Token sampling: greedy, or temperature with top-k, top-p and min-p
 // filtering (applied in that order, as Hugging Face does), from a seeded RNG
-// so the same seed gives the same output.
+// so the same seed gives the same output. Before either, the logits may be
+// adjusted: logit_bias, end tokens masked until min_tokens, the repetition
+// penalty (prompt and output), and OpenAI's presence and frequency
+// penalties (output only).
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -17,7 +21,15 @@ struct SamplingParams {
   float top_p = 1.0f;        // 1: off
   float min_p = 0.0f;        // 0: off
   uint64_t seed = 0;
+  float presence_penalty = 0.0f;    // [-2, 2]: subtracted once from each token generated so far
+  float frequency_penalty = 0.0f;   // [-2, 2]: subtracted once per time it was generated
+  float repetition_penalty = 1.0f;  // > 0, 1: off; a seen token's logit is divided by it (multiplied when negative)
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit), bias in [-100, 100]
+  int32_t min_tokens = 0;           // end_tokens are never sampled before this many tokens
+  std::vector<int32_t> end_tokens;  // the end-of-generation tokens min_tokens holds back
 
+  // Whether sample() changes the logits before it picks.
+  bool adjusts_logits() const;
   // Throws Error(kInvalidArgument) naming the bad field and its valid range.
   void validate() const;
 };
@@ -25,12 +37,28 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
+  // The tokens the sequence starts from: its prompt, whose last `generated`
+  // tokens were sampled before (a sequence preempted and started again).
+  // The penalties count those as output.
+  void start(std::span<const int32_t> tokens, int32_t generated);
+  // Picks the next token and counts it as output.
   int32_t sample(std::span<const float> logits);
 
  private:
+  std::span<const float> adjust(std::span<const float> logits);
+  int32_t pick(std::span<const float> logits);
+  void count_output(int32_t token);
+
+  struct Seen {
+    int32_t in_output = 0;   // times generated
+    bool in_prompt = false;  // in the prompt (the repetition penalty counts both)
+  };
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
+  int32_t generated_ = 0;
+  std::unordered_map<int32_t, Seen> seen_;  // kept only when a penalty is on
+  std::vector<float> adjusted_;
 };
 
 // Index of the largest logit (the lowest index among equals).

@@ -21,6 +21,7 @@ namespace lazykv {
 struct SequenceStart {
   SeqId seq = 0;
   std::vector<int32_t> prompt;  // the whole prompt; prefilled by StepItems in chunks
+  int32_t generated = 0;        // the prompt's last tokens that were sampled before a preemption
   PolicyConfig policy;
   SamplingParams sampling;
   int top_logprobs = -1;  // -1: no log-probabilities; 0..20: the sampled token's plus that many alternatives

@@ -1,7 +1,7 @@
 #include "coordinator/api/openai_request.h"
 
+#include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -26,16 +26,12 @@ using Json = nlohmann::ordered_json;
 constexpr size_t kMaxIgnoredFieldsKept = 16;
 constexpr size_t kMaxFieldNameKept = 64;
 
+// The shortest form that reads back the same (100, 0.1, 1e-38) is friendlier
+// than 17 digits.
 std::string format_number(double value) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", value);
-  // The shortest form that reads back the same is friendlier than 17 digits.
-  for (int precision = 1; precision <= 17; ++precision) {
-    char shorter[32];
-    std::snprintf(shorter, sizeof shorter, "%.*g", precision, value);
-    if (std::strtod(shorter, nullptr) == value) return shorter;
-  }
-  return buf;
+  const auto result = std::to_chars(buf, buf + sizeof buf, value);
+  return std::string(buf, result.ptr);
 }
 
 // What a JSON value is, for "'x' must be ..., got <this>".
@@ -136,6 +132,9 @@ constexpr NumberRange kTemperatureRange{0, 2};
 constexpr NumberRange kTopPRange{0, 1, true};
 constexpr NumberRange kMinPRange{0, 1};
 constexpr NumberRange kPenaltyRange{-2, 2};
+constexpr NumberRange kRepetitionPenaltyRange{0, 100, true};
+constexpr NumberRange kLogitBiasRange{-100, 100};
+constexpr size_t kMaxLogitBiasEntries = 1024;
 
 // What is known about the request while its fields are read; the rules that
 // involve several fields are checked once all are in.
@@ -165,10 +164,10 @@ int32_t parse_max_tokens(const Json& value, const std::string& field, const Requ
   return int32_t(v);
 }
 
-int32_t parse_token_id(const Json& value, const std::string& field) {
-  const int64_t id = get_integer(value, field, "prompt");
+int32_t parse_token_id(const Json& value, const std::string& field, const std::string& param = "prompt") {
+  const int64_t id = get_integer(value, field, param);
   if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
-    throw invalid_request("'" + field + "' is not a valid token id: " + std::to_string(id), "prompt");
+    throw invalid_request("'" + field + "' is not a valid token id: " + std::to_string(id), param);
   }
   return int32_t(id);
 }
@@ -343,6 +342,32 @@ void parse_kv_policy(ParseState& s, const Json& value) {
   }
 }
 
+// {"50256": -100, ...}: token ids as decimal strings, as OpenAI's.
+void parse_logit_bias(ParseState& s, const Json& value) {
+  if (!value.is_object()) wrong_type("logit_bias", "an object of token ids to numbers", value, "logit_bias");
+  if (value.size() > kMaxLogitBiasEntries) {
+    throw invalid_request("'logit_bias' has " + std::to_string(value.size()) + " entries; at most " +
+                              std::to_string(kMaxLogitBiasEntries) + " are allowed",
+                          "logit_bias");
+  }
+  for (const auto& [key, bias] : value.items()) {
+    int32_t token = -1;
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), token);
+    if (error != std::errc() || end != key.data() + key.size() || token < 0) {
+      throw invalid_request("'logit_bias' keys must be token ids (non-negative integers as strings), got " +
+                                quote(printable(key, kMaxFieldNameKept)),
+                            "logit_bias");
+    }
+    const std::string field = "logit_bias." + key;
+    if (!bias.is_number()) wrong_type(field, "a number", bias, "logit_bias");
+    const double b = bias.get<double>();
+    if (!(b >= kLogitBiasRange.lo && b <= kLogitBiasRange.hi)) {
+      throw invalid_request("'" + field + "' must be between -100 and 100, got " + format_number(b), "logit_bias");
+    }
+    s.request.logit_bias.emplace_back(token, float(b));
+  }
+}
+
 enum class Scope { kBoth, kCompletions, kChat };
 
 struct FieldRule {
@@ -433,21 +458,21 @@ const FieldRule kRules[] = {
        if (!get_string(v, "suffix", "suffix").empty()) not_supported("'suffix' (insertion)", "suffix");
      }},
     {"presence_penalty", Scope::kBoth, true,
-     [](ParseState&, const Json& v) {
-       if (get_number_in(v, "presence_penalty", kPenaltyRange) != 0) {
-         not_supported("A non-zero 'presence_penalty'", "presence_penalty");
-       }
+     [](ParseState& s, const Json& v) {
+       s.request.presence_penalty = float(get_number_in(v, "presence_penalty", kPenaltyRange));
      }},
     {"frequency_penalty", Scope::kBoth, true,
-     [](ParseState&, const Json& v) {
-       if (get_number_in(v, "frequency_penalty", kPenaltyRange) != 0) {
-         not_supported("A non-zero 'frequency_penalty'", "frequency_penalty");
-       }
+     [](ParseState& s, const Json& v) {
+       s.request.frequency_penalty = float(get_number_in(v, "frequency_penalty", kPenaltyRange));
      }},
-    {"logit_bias", Scope::kBoth, true,
-     [](ParseState&, const Json& v) {
-       if (!v.is_object()) wrong_type("logit_bias", "an object", v, "logit_bias");
-       if (!v.empty()) not_supported("'logit_bias'", "logit_bias");
+    {"repetition_penalty", Scope::kBoth, true,
+     [](ParseState& s, const Json& v) {
+       s.request.repetition_penalty = float(get_number_in(v, "repetition_penalty", kRepetitionPenaltyRange));
+     }},
+    {"logit_bias", Scope::kBoth, true, parse_logit_bias},
+    {"min_tokens", Scope::kBoth, true,
+     [](ParseState& s, const Json& v) {
+       s.request.min_tokens = int32_t(get_integer_in(v, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
      }},
     // Tool calling: an empty list and "none" ask for nothing, so they pass.
     {"tools", Scope::kBoth, true,
@@ -545,6 +570,12 @@ Json parse_body(std::string_view body) {
   }
 }
 
+Json parse_object_body(std::string_view body) {
+  Json root = parse_body(body);
+  if (!root.is_object()) throw invalid_request("The request body must be a JSON object, got " + describe(root));
+  return root;
+}
+
 }  // namespace
 
 void check_sampling_number(const std::string& field, double value) {
@@ -554,16 +585,19 @@ void check_sampling_number(const std::string& field, double value) {
     check_number_in(value, field, kTopPRange);
   } else if (field == "min_p") {
     check_number_in(value, field, kMinPRange);
+  } else if (field == "presence_penalty" || field == "frequency_penalty") {
+    check_number_in(value, field, kPenaltyRange);
+  } else if (field == "repetition_penalty") {
+    check_number_in(value, field, kRepetitionPenaltyRange);
+  } else if (field == "logit_bias") {
+    check_number_in(value, field, kLogitBiasRange);
   } else if (!std::isfinite(value)) {
     throw invalid_request("'" + field + "' must be a finite number, got " + format_number(value), field);
   }
 }
 
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits) {
-  const Json root = parse_body(body);
-  if (!root.is_object()) {
-    throw invalid_request("The request body must be a JSON object, got " + describe(root));
-  }
+  const Json root = parse_object_body(body);
   const bool chat = endpoint == Endpoint::kChatCompletions;
   ParseState s(limits);
   s.request.endpoint = endpoint;
@@ -596,12 +630,69 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
   if (s.request.echo && s.request.logprobs) {
     not_supported("'echo' together with 'logprobs' (log-probabilities of the prompt)", "echo");
   }
+  if (s.request.max_tokens && s.request.min_tokens > *s.request.max_tokens) {
+    throw invalid_request("'min_tokens' (" + std::to_string(s.request.min_tokens) + ") must not exceed 'max_tokens' (" +
+                              std::to_string(*s.request.max_tokens) + ")",
+                          "min_tokens");
+  }
   if (s.best_of && *s.best_of != s.request.n) {
     not_supported("'best_of' different from 'n' (" + std::to_string(*s.best_of) + " vs " +
                       std::to_string(s.request.n) + ")",
                   "best_of");
   }
   return std::move(s.request);
+}
+
+TokenizeRequest parse_tokenize_request(std::string_view body) {
+  const Json root = parse_object_body(body);
+  TokenizeRequest r;
+  RequestLimits limits;
+  ParseState s(limits);
+  bool has_prompt = false;
+  for (const auto& [key, value] : root.items()) {
+    if (value.is_null()) continue;
+    if (key == "model") {
+      r.model = get_string(value, "model", "model");
+    } else if (key == "prompt") {
+      r.prompt = get_string(value, "prompt", "prompt");
+      has_prompt = true;
+    } else if (key == "messages") {
+      parse_messages(s, value);
+    } else if (key == "add_special_tokens") {
+      r.add_special_tokens = get_bool(value, "add_special_tokens");
+    } else if (key == "add_generation_prompt") {
+      if (!get_bool(value, "add_generation_prompt")) {
+        not_supported("'add_generation_prompt': false (messages are rendered for a reply)", "add_generation_prompt");
+      }
+    } else if (key == "return_token_strs") {
+      r.return_token_strs = get_bool(value, "return_token_strs");
+    }
+  }
+  if (has_prompt == s.has_messages) {
+    throw invalid_request("Exactly one of 'prompt' and 'messages' is required", "prompt");
+  }
+  r.messages = std::move(s.request.messages);
+  return r;
+}
+
+DetokenizeRequest parse_detokenize_request(std::string_view body) {
+  const Json root = parse_object_body(body);
+  DetokenizeRequest r;
+  bool has_tokens = false;
+  for (const auto& [key, value] : root.items()) {
+    if (value.is_null()) continue;
+    if (key == "model") {
+      r.model = get_string(value, "model", "model");
+    } else if (key == "tokens") {
+      if (!value.is_array()) wrong_type("tokens", "an array of token ids", value, "tokens");
+      for (size_t i = 0; i < value.size(); ++i) {
+        r.tokens.push_back(parse_token_id(value[i], "tokens[" + std::to_string(i) + "]", "tokens"));
+      }
+      has_tokens = true;
+    }
+  }
+  if (!has_tokens) throw invalid_request("'tokens' is required", "tokens");
+  return r;
 }
 
 }  // namespace lazykv::api

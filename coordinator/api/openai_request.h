@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "coordinator/chat/chat_template.h"
@@ -58,6 +59,11 @@ struct GenerationRequest {
   int top_k = 0;                       // extension, >= 0 (0: off)
   float min_p = 0.0f;                  // extension, [0, 1]
   bool ignore_eos = false;             // extension (as vLLM and llama.cpp): run on past end-of-generation to max_tokens
+  float presence_penalty = 0.0f;       // [-2, 2]
+  float frequency_penalty = 0.0f;      // [-2, 2]
+  float repetition_penalty = 1.0f;     // extension (as vLLM), (0, 100]; 1: off
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]), at most 1024
+  int32_t min_tokens = 0;              // extension (as vLLM): no end-of-generation token before this many
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;       // a string or an array of strings; empty strings dropped
   int n = 1;                           // choices per prompt, [1, limits.max_n]
@@ -79,17 +85,36 @@ struct GenerationRequest {
 // Parse and validate a request body for `endpoint`. Throws ApiError (status
 // 400) for malformed JSON, a body that is not an object, invalid UTF-8 in any
 // string, missing or mistyped fields, values out of range, empty prompts or
-// messages, and features lazykv does not implement when they would change the
-// output (non-zero presence/frequency penalties, logit_bias, echo together
-// with logprobs, best_of != n, tools/functions, response_format other than
-// text). Unknown fields are not errors: they are listed in ignored_fields.
+// messages, min_tokens above max_tokens, and features lazykv does not
+// implement when they would change the output (echo together with logprobs,
+// best_of != n, tools/functions, response_format other than text). Unknown
+// fields are not errors: they are listed in ignored_fields.
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits);
+
+// vLLM's POST /tokenize: a prompt (as /v1/completions encodes it) or chat
+// messages (rendered with the chat template for a reply). Unknown fields are
+// ignored.
+struct TokenizeRequest {
+  std::string model;                  // optional; when given, it must be the served model
+  std::optional<std::string> prompt;  // exactly one of prompt and messages
+  std::vector<ChatMessage> messages;
+  bool add_special_tokens = true;     // prompt: BOS where the model asks for it
+  bool return_token_strs = false;     // also each token's text
+};
+TokenizeRequest parse_tokenize_request(std::string_view body);
+
+// vLLM's POST /detokenize: token ids back to text.
+struct DetokenizeRequest {
+  std::string model;  // optional, as in TokenizeRequest
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize_request(std::string_view body);
 
 // For callers that hold a request's numbers as numbers rather than JSON
 // text (gRPC, whose floats may be NaN or infinite where JSON has none):
 // throws the ApiError parse_generation_request gives for `value` in `field`
-// ("temperature", "top_p", "min_p" by their ranges; any other field when
-// the value is not finite).
+// ("temperature", "top_p", "min_p", the penalties and "logit_bias" (a bias)
+// by their ranges; any other field when the value is not finite).
 void check_sampling_number(const std::string& field, double value);
 
 }  // namespace lazykv::api

@@ -115,12 +115,13 @@ std::string_view chunk_object(Endpoint endpoint) {
   return endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk" : "text_completion";
 }
 
-Json model_object(const std::string& id, int64_t created) {
+Json model_object(const ModelCard& card, int64_t created) {
   Json model = Json::object();
-  model["id"] = id;
+  model["id"] = card.id;
   model["object"] = "model";
   model["created"] = created;
   model["owned_by"] = "lazykv";
+  model["max_model_len"] = card.max_model_len;
   return model;
 }
 
@@ -187,16 +188,32 @@ std::string usage_chunk_body(Endpoint endpoint, const ResponseMeta& meta, const 
   return dump(body);
 }
 
-std::string models_body(const std::vector<std::string>& model_ids, int64_t created) {
+std::string models_body(const std::vector<ModelCard>& models, int64_t created) {
   Json data = Json::array();
-  for (const std::string& id : model_ids) data.push_back(model_object(id, created));
+  for (const ModelCard& card : models) data.push_back(model_object(card, created));
   Json body = Json::object();
   body["object"] = "list";
   body["data"] = std::move(data);
   return dump(body);
 }
 
-std::string model_body(const std::string& model_id, int64_t created) { return dump(model_object(model_id, created)); }
+std::string model_body(const ModelCard& model, int64_t created) { return dump(model_object(model, created)); }
+
+std::string tokenize_body(const std::vector<int32_t>& tokens, int32_t max_model_len,
+                          const std::vector<std::string>* token_strs) {
+  Json body = Json::object();
+  body["count"] = tokens.size();
+  body["max_model_len"] = max_model_len;
+  body["tokens"] = tokens;
+  body["token_strs"] = token_strs ? Json(*token_strs) : Json(nullptr);
+  return dump(body);
+}
+
+std::string detokenize_body(const std::string& text) {
+  Json body = Json::object();
+  body["prompt"] = text;
+  return dump(body);
+}
 
 std::string error_body(const ApiError& error) {
   Json inner = Json::object();

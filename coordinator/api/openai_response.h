@@ -65,10 +65,20 @@ std::string chunk_body(Endpoint endpoint, const ResponseMeta& meta, const ChunkD
 // The final usage chunk of a stream with include_usage: "choices": [] plus usage.
 std::string usage_chunk_body(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
 
+struct ModelCard {
+  std::string id;
+  int32_t max_model_len = 0;  // the context in tokens (vLLM's field)
+};
 // GET /v1/models.
-std::string models_body(const std::vector<std::string>& model_ids, int64_t created);
+std::string models_body(const std::vector<ModelCard>& models, int64_t created);
 // GET /v1/models/{id}.
-std::string model_body(const std::string& model_id, int64_t created);
+std::string model_body(const ModelCard& model, int64_t created);
+// POST /tokenize (vLLM's): {"count", "max_model_len", "tokens", "token_strs"};
+// token_strs null unless asked for. Strings must be valid UTF-8 (repaired by the caller).
+std::string tokenize_body(const std::vector<int32_t>& tokens, int32_t max_model_len,
+                          const std::vector<std::string>* token_strs);
+// POST /detokenize (vLLM's): {"prompt": text}.
+std::string detokenize_body(const std::string& text);
 
 // {"error": {...}} for an ApiError.
 std::string error_body(const ApiError& error);

@@ -78,6 +78,17 @@ nlohmann::json to_openai_body(const v1::GenerateRequest& q, api::Endpoint& endpo
   if (!q.stop().empty()) body["stop"] = std::vector<std::string>(q.stop().begin(), q.stop().end());
   if (q.has_n()) body["n"] = q.n();
   if (q.ignore_eos()) body["ignore_eos"] = true;
+  number("presence_penalty", q.has_presence_penalty(), q.presence_penalty());
+  number("frequency_penalty", q.has_frequency_penalty(), q.frequency_penalty());
+  number("repetition_penalty", q.has_repetition_penalty(), q.repetition_penalty());
+  if (!q.logit_bias().empty()) {
+    nlohmann::json& bias = body["logit_bias"] = nlohmann::json::object();
+    for (const auto& [token, value] : q.logit_bias()) {
+      api::check_sampling_number("logit_bias", value);
+      bias[std::to_string(token)] = value;
+    }
+  }
+  if (q.has_min_tokens()) body["min_tokens"] = q.min_tokens();
   if (q.has_kv_policy() && (!q.kv_policy().name().empty() || !q.kv_policy().params().empty())) {
     nlohmann::json policy = {{"name", q.kv_policy().name()}};
     for (const auto& [name, value] : q.kv_policy().params()) {
@@ -176,11 +187,7 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
       throw api::invalid_request("'top_logprobs' must be between -1 and 20, got " + std::to_string(top_logprobs),
                                  "top_logprobs");
     }
-    if (r.model != config_.model_id) {
-      throw api::ApiError(404, "invalid_request_error",
-                          "The model '" + r.model + "' does not exist; this server serves '" + config_.model_id + "'",
-                          "model", "model_not_found");
-    }
+    config_.check_model(r.model);
 
     api::GenerationRequest with_logprobs = r;
     with_logprobs.logprobs = top_logprobs >= 0;

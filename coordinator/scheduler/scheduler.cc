@@ -214,8 +214,10 @@ void Scheduler::admit(StepPlan& plan) {
     SequenceStart start;
     start.seq = SeqId(next.id);
     start.prompt = feed;
+    start.generated = int32_t(next.generated.size());
     start.policy = next.request.policy;
     start.sampling = next.request.sampling;
+    if (start.sampling.min_tokens > 0) start.sampling.end_tokens = tokenizer_.spec().eog_ids;
     start.top_logprobs = next.request.top_logprobs;
     plan.start.push_back(std::move(start));
     next.started = true;

@@ -142,16 +142,15 @@ void OpenAiService::handle(const http::Request& request, http::ResponseWriter& o
       authenticate(request);
       if (path == "/v1/models") {
         count("models", 200);
-        out.send(200, "application/json", api::models_body({config_.model_id}, unix_now()));
+        out.send(200, "application/json", api::models_body({model_card()}, unix_now()));
         return;
       }
-      const std::string id = path.substr(std::string("/v1/models/").size());
-      if (id != config_.model_id) {
-        throw api::ApiError(404, "invalid_request_error", "The model '" + id + "' does not exist", "model",
-                            "model_not_found");
-      }
+      config_.check_model(path.substr(std::string("/v1/models/").size()));
       count("models", 200);
-      out.send(200, "application/json", api::model_body(config_.model_id, unix_now()));
+      out.send(200, "application/json", api::model_body(model_card(), unix_now()));
+    } else if (path == "/tokenize" || path == "/detokenize") {
+      if (request.method != "POST") return method_not_allowed(path.substr(1), "POST");
+      path == "/tokenize" ? tokenize(request, out) : detokenize(request, out);
     } else if (path == "/v1/completions" || path == "/v1/chat/completions") {
       const api::Endpoint endpoint =
           path == "/v1/completions" ? api::Endpoint::kCompletions : api::Endpoint::kChatCompletions;
@@ -166,6 +165,44 @@ void OpenAiService::handle(const http::Request& request, http::ResponseWriter& o
   } catch (const api::ApiError& e) {
     send_error(out, e, "other");
   }
+}
+
+api::ModelCard OpenAiService::model_card() const { return {config_.model_id, scheduler_.worker_info().n_ctx}; }
+
+void OpenAiService::tokenize(const http::Request& request, http::ResponseWriter& out) {
+  const api::TokenizeRequest r = api::parse_tokenize_request(request.body);
+  if (!r.model.empty()) config_.check_model(r.model);
+  std::vector<int32_t> tokens;
+  try {
+    if (!r.messages.empty()) {
+      tokens = prompts_.encode_chat(r.messages);
+    } else {
+      tokens = r.add_special_tokens ? prompts_.encode_text(*r.prompt) : tokenizer_.encode(*r.prompt, false);
+    }
+  } catch (const Error& e) {
+    throw api::invalid_request(e.what(), r.messages.empty() ? "prompt" : "messages");
+  }
+  std::vector<std::string> strs;
+  if (r.return_token_strs) {
+    for (int32_t id : tokens) strs.push_back(utf8::repair(tokenizer_.token_bytes(id)));
+  }
+  count("tokenize", 200);
+  out.send(200, "application/json", api::tokenize_body(tokens, model_card().max_model_len,
+                                                       r.return_token_strs ? &strs : nullptr));
+}
+
+void OpenAiService::detokenize(const http::Request& request, http::ResponseWriter& out) {
+  const api::DetokenizeRequest r = api::parse_detokenize_request(request.body);
+  if (!r.model.empty()) config_.check_model(r.model);
+  for (int32_t id : r.tokens) {
+    if (id >= tokenizer_.n_vocab()) {
+      throw api::invalid_request("token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                     std::to_string(tokenizer_.n_vocab()) + " tokens",
+                                 "tokens");
+    }
+  }
+  count("detokenize", 200);
+  out.send(200, "application/json", api::detokenize_body(utf8::repair(tokenizer_.decode(r.tokens))));
 }
 
 void OpenAiService::generate(api::Endpoint endpoint, const http::Request& request, http::ResponseWriter& out) {
@@ -187,11 +224,7 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     if (config_.key_limiter) slot = config_.key_limiter->acquire(key);
     r = api::parse_generation_request(endpoint, request.body, config_.limits);
     log_ignored_fields(r.ignored_fields);
-    if (r.model != config_.model_id) {
-      throw api::ApiError(404, "invalid_request_error",
-                          "The model '" + r.model + "' does not exist; this server serves '" + config_.model_id + "'",
-                          "model", "model_not_found");
-    }
+    config_.check_model(r.model);
 
     const size_t n_prompts = chat ? 1 : r.prompts.size();
     try {

@@ -1,6 +1,7 @@
 // The HTTP API of the coordinator: OpenAI's /v1/completions,
 // /v1/chat/completions (whole or streamed as server-sent events) and
-// /v1/models, plus /health, /ready and /metrics. It validates, applies the
+// /v1/models, vLLM's /tokenize and /detokenize, plus /health, /ready and
+// /metrics. It validates, applies the
 // chat template, tokenizes, queues the sequences on the scheduler and turns
 // their events into responses. A client that goes away cancels its sequences.
 #pragma once
@@ -16,6 +17,7 @@
 #include "common/log_limiter.h"
 #include "common/metrics/registry.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/api/openai_response.h"
 #include "coordinator/http/http_server.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/server/prompt_encoder.h"
@@ -42,6 +44,9 @@ class OpenAiService {
 
  private:
   void generate(api::Endpoint endpoint, const http::Request& request, http::ResponseWriter& out);
+  void tokenize(const http::Request& request, http::ResponseWriter& out);
+  void detokenize(const http::Request& request, http::ResponseWriter& out);
+  api::ModelCard model_card() const;
   void send_error(http::ResponseWriter& out, const api::ApiError& error, const std::string& endpoint,
                   const http::Headers& extra = {});
   void count(const std::string& endpoint, int status);

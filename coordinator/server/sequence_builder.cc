@@ -8,6 +8,13 @@ namespace lazykv {
 std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const Tokenizer& tokenizer,
                                            const api::GenerationRequest& request, size_t index) {
   const bool chat = request.endpoint == api::Endpoint::kChatCompletions;
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id >= tokenizer.n_vocab()) {
+      throw api::invalid_request("'logit_bias' names token id " + std::to_string(id) + ", outside the vocabulary of " +
+                                     std::to_string(tokenizer.n_vocab()) + " tokens",
+                                 "logit_bias");
+    }
+  }
   try {
     if (chat) return encoder.encode_chat(request.messages);
     const api::Prompt& p = request.prompts.at(index);
@@ -36,14 +43,26 @@ int32_t resolve_max_tokens(const api::GenerationRequest& request, int32_t prompt
     if (config.limits.max_tokens_cap > 0) max_tokens = std::min(max_tokens, config.limits.max_tokens_cap);
   }
   const std::string input = chat ? "messages" : "prompt";
-  if (prompt_len >= n_ctx || int64_t(prompt_len) + max_tokens > n_ctx) {
-    throw api::invalid_request("This model's maximum context length is " + std::to_string(n_ctx) +
-                                   " tokens. However, you requested " +
-                                   std::to_string(int64_t(prompt_len) + max_tokens) + " tokens (" +
-                                   std::to_string(prompt_len) + " in the " + input + ", " +
-                                   std::to_string(max_tokens) + " in the completion). Please reduce the length of the " +
-                                   input + " or completion.",
+  const std::string limit = "This model's maximum context length is " + std::to_string(n_ctx) + " tokens. ";
+  if (prompt_len >= n_ctx) {
+    throw api::invalid_request(limit + "However, your " + input + " resulted in " + std::to_string(prompt_len) +
+                                   " tokens, which leaves no room for a completion. Please reduce the length of the " +
+                                   input + " to fewer than " + std::to_string(n_ctx) + " tokens.",
                                input, "context_length_exceeded");
+  }
+  if (int64_t(prompt_len) + max_tokens > n_ctx) {
+    throw api::invalid_request(limit + "However, you requested " + std::to_string(int64_t(prompt_len) + max_tokens) +
+                                   " tokens (" + std::to_string(prompt_len) + " in the " + input + ", " +
+                                   std::to_string(max_tokens) + " in the completion); with this " + input +
+                                   " at most " + std::to_string(n_ctx - prompt_len) +
+                                   " completion tokens fit. Please reduce the length of the " + input +
+                                   " or of the completion.",
+                               input, "context_length_exceeded");
+  }
+  if (request.min_tokens > max_tokens) {
+    throw api::invalid_request("'min_tokens' (" + std::to_string(request.min_tokens) + ") exceeds the " +
+                                   std::to_string(max_tokens) + " completion tokens this request allows",
+                               "min_tokens");
   }
   return max_tokens;
 }
@@ -61,6 +80,11 @@ std::vector<SequenceRequest> make_sequences(const api::GenerationRequest& reques
     s.sampling.top_k = request.top_k;
     s.sampling.min_p = request.min_p;
     s.sampling.seed = request.seed ? *request.seed + uint64_t(first_choice + size_t(j)) : random_u64();
+    s.sampling.presence_penalty = request.presence_penalty;
+    s.sampling.frequency_penalty = request.frequency_penalty;
+    s.sampling.repetition_penalty = request.repetition_penalty;
+    s.sampling.logit_bias = request.logit_bias;
+    s.sampling.min_tokens = request.min_tokens;
     s.policy = request.kv_policy ? *request.kv_policy : config.default_policy;
     s.top_logprobs = request.logprobs ? request.top_logprobs : -1;
     s.stop = request.stop;

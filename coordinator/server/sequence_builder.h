@@ -16,14 +16,16 @@ namespace lazykv {
 
 // Token ids of prompt `index` of a completions request, or of the rendered
 // messages of a chat request. ApiError 400 (param "prompt" or "messages") for
-// a token id outside the vocabulary or a chat template that rejects the messages.
+// a token id outside the vocabulary or a chat template that rejects the
+// messages; (param "logit_bias") for a logit_bias token outside the vocabulary.
 std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const Tokenizer& tokenizer,
                                            const api::GenerationRequest& request, size_t index);
 
 // The request's max_tokens for a prompt of prompt_len tokens; left out: the
 // rest of the context for chat, completions_default_max_tokens otherwise
 // (both under limits.max_tokens_cap). ApiError 400 with code
-// context_length_exceeded when prompt and completion do not fit n_ctx.
+// context_length_exceeded when prompt and completion do not fit n_ctx; 400
+// (param "min_tokens") when min_tokens exceeds the result.
 int32_t resolve_max_tokens(const api::GenerationRequest& request, int32_t prompt_len, int32_t n_ctx,
                            const ServiceConfig& config);
 

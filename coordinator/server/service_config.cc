@@ -63,4 +63,12 @@ std::optional<std::string> ServiceConfig::key_of_authorization(std::string_view 
   return std::string(key);
 }
 
+void ServiceConfig::check_model(const std::string& model) const {
+  if (model != model_id) {
+    throw api::ApiError(404, "invalid_request_error",
+                        "The model '" + model + "' does not exist; this server serves '" + model_id + "'", "model",
+                        "model_not_found");
+  }
+}
+
 }  // namespace lazykv

@@ -71,6 +71,8 @@ struct ServiceConfig {
   // The accepted key of an "Authorization: Bearer <key>" value ("" when keys
   // are off), or nullopt. The scheme is case-insensitive (RFC 7235).
   std::optional<std::string> key_of_authorization(std::string_view header) const;
+  // Throws api::ApiError(404, code model_not_found) unless `model` is model_id.
+  void check_model(const std::string& model) const;
 };
 
 }  // namespace lazykv

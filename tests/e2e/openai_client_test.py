@@ -3,7 +3,11 @@
 usage: openai_client_test.py BASE_URL MODEL [API_KEY]
 Exits non-zero on the first failed check (each check names what it tests).
 """
+import collections
+import json
+import re
 import sys
+import urllib.request
 
 import openai
 
@@ -21,6 +25,24 @@ def check(cond, what):
 
 models = client.models.list()
 check([m.id for m in models.data] == [model], "models.list names the served model")
+max_model_len = models.data[0].to_dict().get("max_model_len", 0)
+check(max_model_len > 0, f"the model card has max_model_len ({max_model_len})")
+
+
+def post(path, body):
+    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+# vLLM's /tokenize and /detokenize.
+tokenized = post("/tokenize", {"model": model, "prompt": "Hello world", "add_special_tokens": False,
+                               "return_token_strs": True})
+check(tokenized["count"] == len(tokenized["tokens"]) > 0 and tokenized["max_model_len"] == max_model_len,
+      f"/tokenize: {tokenized['tokens']}")
+check("".join(tokenized["token_strs"]) == "Hello world", "/tokenize token_strs join to the text")
+check(post("/detokenize", {"tokens": tokenized["tokens"]})["prompt"] == "Hello world", "/detokenize inverts /tokenize")
 
 # Chat, whole.
 chat = client.chat.completions.create(
@@ -103,5 +125,35 @@ try:
     client.completions.create(model=model, prompt="x", max_tokens=10**6)
     check(False, "context overflow rejected")
 except openai.BadRequestError as e:
-    check("maximum context length" in str(e), "context overflow -> 400 context_length_exceeded")
+    check("maximum context length" in str(e) and "completion tokens fit" in e.message
+          and not re.search(r"-\d", e.message),
+          "context overflow -> 400 context_length_exceeded saying what fits")
+
+# logit_bias: every token greedy decoding chose, banned, never comes back.
+def greedy_tokens(prompt, **extra):
+    out = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0, **extra)
+    return out.choices[0].logprobs.tokens
+
+
+prompt = "The capital of France is"
+first = greedy_tokens(prompt)
+id_of = {}  # a generated token's text -> its id, where the text is that one token
+for text in set(first):
+    ids = post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+    if len(ids) == 1:
+        id_of[text] = ids[0]
+check(len(id_of) >= len(set(first)) // 2, f"greedy tokens {first} map to ids {id_of}")
+second = greedy_tokens(prompt, logit_bias={str(i): -100 for i in id_of.values()})
+check(not set(id_of) & set(second), f"logit_bias -100: none of {sorted(id_of)} in {second}")
+
+# Penalties: greedy on a repetitive prompt repeats; a frequency penalty spreads the output.
+repetitive = "1, 1, 1, 1, 1, 1, 1, 1, 1, 1,"
+plain = greedy_tokens(repetitive)
+penalized = greedy_tokens(repetitive, frequency_penalty=2.0, presence_penalty=1.0)
+most_plain = collections.Counter(plain).most_common(1)[0][1]
+most_penalized = collections.Counter(penalized).most_common(1)[0][1]
+check(most_penalized < most_plain,
+      f"frequency/presence penalties: most repeated token {most_plain}x -> {most_penalized}x")
+repeated = greedy_tokens(repetitive, extra_body={"repetition_penalty": 1.5})
+check(repeated != plain, "repetition_penalty (extension) changes greedy output")
 print("all OpenAI client checks passed")

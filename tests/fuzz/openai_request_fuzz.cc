@@ -57,7 +57,7 @@ void format_response(const GenerationRequest& r) {
   delta.finish_reason = "length";
   sink = sink + chunk_body(r.endpoint, meta, delta, r.include_usage).size();
   sink = sink + usage_chunk_body(r.endpoint, meta, usage).size();
-  sink = sink + models_body({r.model}, meta.created).size();
+  sink = sink + models_body({{r.model, 4096}}, meta.created).size();
   (void)sink;
 }
 
@@ -74,6 +74,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       volatile size_t sink = error_body(e).size();
       (void)sink;
     }
+  }
+  // The tokenize bodies share the parser's helpers (messages, token ids).
+  try {
+    const TokenizeRequest t = parse_tokenize_request(body);
+    const std::vector<std::string> strs(t.messages.size(), t.model);
+    volatile size_t sink = tokenize_body({1, 2}, 4096, t.return_token_strs ? &strs : nullptr).size();
+    (void)sink;
+  } catch (const ApiError& e) {
+    volatile size_t sink = error_body(e).size();
+    (void)sink;
+  }
+  try {
+    const DetokenizeRequest d = parse_detokenize_request(body);
+    volatile size_t sink = tokenize_body(d.tokens, 4096, nullptr).size() + detokenize_body(d.model).size();
+    (void)sink;
+  } catch (const ApiError& e) {
+    volatile size_t sink = error_body(e).size();
+    (void)sink;
   }
   return 0;
 }

@@ -16,6 +16,16 @@ void to_proto(const SamplingParams& in, pb::SamplingParams* out) {
   out->set_top_p(in.top_p);
   out->set_min_p(in.min_p);
   out->set_seed(in.seed);
+  out->set_presence_penalty(in.presence_penalty);
+  out->set_frequency_penalty(in.frequency_penalty);
+  out->set_repetition_penalty(in.repetition_penalty);
+  for (const auto& [token, bias] : in.logit_bias) {
+    auto* entry = out->add_logit_bias();
+    entry->set_token(token);
+    entry->set_bias(bias);
+  }
+  out->set_min_tokens(in.min_tokens);
+  out->mutable_end_tokens()->Add(in.end_tokens.begin(), in.end_tokens.end());
 }
 
 void to_proto(const SequenceStart& in, pb::SequenceStart* out) {
@@ -24,6 +34,7 @@ void to_proto(const SequenceStart& in, pb::SequenceStart* out) {
   to_proto(in.policy, out->mutable_policy());
   to_proto(in.sampling, out->mutable_sampling());
   out->set_top_logprobs(in.top_logprobs);
+  out->set_generated(in.generated);
 }
 
 void to_proto(const StepItem& in, pb::StepItem* out) {
@@ -95,6 +106,12 @@ SamplingParams from_proto(const pb::SamplingParams& in) {
   out.top_p = in.top_p();
   out.min_p = in.min_p();
   out.seed = in.seed();
+  out.presence_penalty = in.presence_penalty();
+  out.frequency_penalty = in.frequency_penalty();
+  out.repetition_penalty = in.repetition_penalty();
+  for (const auto& entry : in.logit_bias()) out.logit_bias.emplace_back(entry.token(), entry.bias());
+  out.min_tokens = in.min_tokens();
+  out.end_tokens.assign(in.end_tokens().begin(), in.end_tokens().end());
   return out;
 }
 
@@ -105,6 +122,7 @@ SequenceStart from_proto(const pb::SequenceStart& in) {
   out.policy = from_proto(in.policy());
   out.sampling = from_proto(in.sampling());
   out.top_logprobs = in.top_logprobs();
+  out.generated = in.generated();
   return out;
 }
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <string>
 #include <vector>
 
@@ -70,7 +72,9 @@ TEST(OpenAiRequest, EveryCompletionsField) {
   const GenerationRequest r = parse(
       kComp, comp(R"("max_tokens":32,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,"ignore_eos":true,"seed":7,)"
                   R"("stop":["\n","","END"],"n":2,"best_of":2,"stream":true,"stream_options":{"include_usage":true},)"
-                  R"("logprobs":3,"echo":false,"presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},)"
+                  R"("logprobs":3,"echo":false,"presence_penalty":0.5,"frequency_penalty":-1.5,)"
+                  R"("logit_bias":{"7":-100,"0":2.5},)"
+                  R"("repetition_penalty":1.2,"min_tokens":4,)"
                   R"("user":"u1","suffix":"","kv_policy":{"name":"lazy","budget":256,"window":64})"));
   EXPECT_EQ(r.max_tokens, 32);
   EXPECT_FLOAT_EQ(r.temperature, 0.5f);
@@ -86,6 +90,11 @@ TEST(OpenAiRequest, EveryCompletionsField) {
   EXPECT_TRUE(r.logprobs);
   EXPECT_EQ(r.top_logprobs, 3);
   EXPECT_EQ(r.user, "u1");
+  EXPECT_FLOAT_EQ(r.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.frequency_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(r.repetition_penalty, 1.2f);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{7, -100.0f}, {0, 2.5f}}));  // the body's order
+  EXPECT_EQ(r.min_tokens, 4);
   ASSERT_TRUE(r.kv_policy.has_value());
   EXPECT_EQ(r.kv_policy->name, "lazy");
   EXPECT_EQ(r.kv_policy->get_int("budget"), 256);
@@ -197,6 +206,75 @@ TEST(OpenAiRequest, EveryStopForm) {
     SCOPED_TRACE(c.stop);
     EXPECT_EQ(parse(kComp, comp(std::string(R"("stop":)") + c.stop)).stop, c.expected);
     EXPECT_EQ(parse(kChat, chat(std::string(R"("stop":)") + c.stop)).stop, c.expected);
+  }
+}
+
+TEST(OpenAiRequest, LogitBiasEntryLimit) {
+  std::string bias;
+  for (int id = 0; id < 1025; ++id) {
+    if (id > 0) bias += ',';
+    bias += '"';
+    bias += std::to_string(id);
+    bias += "\":-1";
+  }
+  try {
+    parse(kComp, comp(R"("logit_bias":{)" + bias + "}"));
+    FAIL() << "1025 logit_bias entries were accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "logit_bias");
+    EXPECT_NE(std::string(e.what()).find("at most 1024"), std::string::npos) << e.what();
+  }
+  const std::string fits = bias.substr(0, bias.rfind(','));
+  EXPECT_EQ(parse(kComp, comp(R"("logit_bias":{)" + fits + "}")).logit_bias.size(), 1024u);
+}
+
+TEST(OpenAiRequest, TokenizeAndDetokenizeBodies) {
+  TokenizeRequest t = parse_tokenize_request(R"({"model":"m","prompt":"hi","add_special_tokens":false,"x":1})");
+  EXPECT_EQ(t.model, "m");
+  EXPECT_EQ(t.prompt, "hi");
+  EXPECT_FALSE(t.add_special_tokens);
+  EXPECT_FALSE(t.return_token_strs);
+  t = parse_tokenize_request(R"({"messages":[{"role":"user","content":"hi"}],"return_token_strs":true})");
+  ASSERT_EQ(t.messages.size(), 1u);
+  EXPECT_EQ(t.messages[0].content, "hi");
+  EXPECT_FALSE(t.prompt.has_value());
+  EXPECT_TRUE(t.return_token_strs);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens":[1,2,3]})").tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(parse_detokenize_request(R"({"tokens":[]})").tokens.empty());
+
+  const std::vector<std::tuple<std::string, std::string, std::string>> tokenize_errors = {
+      {R"({})", "prompt", "Exactly one of 'prompt' and 'messages'"},
+      {R"({"prompt":"a","messages":[{"role":"user","content":"b"}]})", "prompt", "Exactly one"},
+      {R"({"prompt":3})", "prompt", "'prompt' must be a string"},
+      {R"({"messages":[]})", "messages", "must not be empty"},
+      {R"({"prompt":"a","add_generation_prompt":false})", "add_generation_prompt", "not supported"},
+      {R"({"prompt":"a","return_token_strs":"yes"})", "return_token_strs", "must be a boolean"},
+      {R"([1])", "", "must be a JSON object"},
+  };
+  for (const auto& [body, param, part] : tokenize_errors) {
+    try {
+      parse_tokenize_request(body);
+      ADD_FAILURE() << body << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, param) << body;
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+  const std::vector<std::tuple<std::string, std::string>> detokenize_errors = {
+      {R"({})", "'tokens' is required"},
+      {R"({"tokens":"abc"})", "'tokens' must be an array of token ids"},
+      {R"({"tokens":[1,-2]})", "'tokens[1]' is not a valid token id"},
+      {R"({"tokens":[1.5]})", "'tokens[0]' must be an integer"},
+  };
+  for (const auto& [body, part] : detokenize_errors) {
+    try {
+      parse_detokenize_request(body);
+      ADD_FAILURE() << body << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, "tokens") << body;
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -389,13 +467,26 @@ TEST(OpenAiRequest, EveryRejectionIs400WithParamAndMessage) {
       {kChat, chat(R"("logprobs":false,"top_logprobs":2)"), "top_logprobs", "'top_logprobs' requires"},
       {kComp, comp(R"("echo":true,"logprobs":0)"), "echo", "not supported"},
       {kComp, comp(R"("echo":"yes")"), "echo", "'echo' must be a boolean"},
-      // unsupported features
-      {kComp, comp(R"("presence_penalty":0.5)"), "presence_penalty", "'presence_penalty' is not supported by lazykv"},
-      {kChat, chat(R"("frequency_penalty":-1)"), "frequency_penalty", "not supported by lazykv"},
+      // penalties, logit_bias, min_tokens
       {kChat, chat(R"("frequency_penalty":3)"), "frequency_penalty", "'frequency_penalty' must be between -2 and 2"},
+      {kComp, comp(R"("presence_penalty":-2.5)"), "presence_penalty", "'presence_penalty' must be between -2 and 2"},
       {kComp, comp(R"("presence_penalty":"0")"), "presence_penalty", "must be a number"},
-      {kComp, comp(R"("logit_bias":{"50256":-100})"), "logit_bias", "'logit_bias' is not supported"},
+      {kComp, comp(R"("repetition_penalty":0)"), "repetition_penalty",
+       "'repetition_penalty' must be greater than 0 and at most 100, got 0"},
+      {kChat, chat(R"("repetition_penalty":101)"), "repetition_penalty", "at most 100"},
       {kComp, comp(R"("logit_bias":[1])"), "logit_bias", "'logit_bias' must be an object"},
+      {kComp, comp(R"("logit_bias":{"x1":1})"), "logit_bias", "keys must be token ids"},
+      {kComp, comp(R"("logit_bias":{"-3":1})"), "logit_bias", "keys must be token ids"},
+      {kComp, comp(R"("logit_bias":{"99999999999":1})"), "logit_bias", "keys must be token ids"},
+      {kComp, comp(R"("logit_bias":{"12 ":1})"), "logit_bias", "keys must be token ids"},
+      {kChat, chat(R"("logit_bias":{"12":101})"), "logit_bias",
+       "'logit_bias.12' must be between -100 and 100, got 101"},
+      {kChat, chat(R"("logit_bias":{"12":"5"})"), "logit_bias", "'logit_bias.12' must be a number"},
+      {kComp, comp(R"("min_tokens":-1)"), "min_tokens", "'min_tokens' must be at least 0"},
+      {kComp, comp(R"("min_tokens":9,"max_tokens":8)"), "min_tokens",
+       "'min_tokens' (9) must not exceed 'max_tokens' (8)"},
+      {kChat, chat(R"("min_tokens":9,"max_completion_tokens":8)"), "min_tokens", "must not exceed"},
+      // unsupported features
       {kChat, chat(R"("tools":[{"type":"function","function":{"name":"f"}}])"), "tools", "not supported"},
       {kChat, chat(R"("functions":[{"name":"f"}])"), "functions", "not supported"},
       {kChat, chat(R"("tool_choice":"auto")"), "tool_choice", "not supported"},

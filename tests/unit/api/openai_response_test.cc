@@ -209,15 +209,24 @@ TEST(OpenAiResponse, UsageChunk) {
 }
 
 TEST(OpenAiResponse, ModelsBody) {
-  const Json body = Json::parse(models_body({"a", "b"}, 123));
+  const Json body = Json::parse(models_body({{"a", 2048}, {"b", 8192}}, 123));
   EXPECT_EQ(body["object"], "list");
   ASSERT_EQ(body["data"].size(), 2u);
-  EXPECT_EQ(body["data"][1],
-            (Json{{"id", "b"}, {"object", "model"}, {"created", 123}, {"owned_by", "lazykv"}}));
+  EXPECT_EQ(body["data"][1], (Json{{"id", "b"}, {"object", "model"}, {"created", 123}, {"owned_by", "lazykv"},
+                                   {"max_model_len", 8192}}));
   EXPECT_EQ(Json::parse(models_body({}, 0))["data"], Json::array());
-  EXPECT_EQ(Json::parse(model_body("b", 123)), body["data"][1]);
+  EXPECT_EQ(Json::parse(model_body({"b", 8192}, 123)), body["data"][1]);
   // A model named after a file whose name is not UTF-8 still gets valid JSON.
-  EXPECT_EQ(Json::parse(model_body("m\xff", 1))["id"], "m\xef\xbf\xbd");
+  EXPECT_EQ(Json::parse(model_body({"m\xff", 1}, 1))["id"], "m\xef\xbf\xbd");
+}
+
+TEST(OpenAiResponse, TokenizeAndDetokenizeBodies) {
+  const std::vector<std::string> strs = {"he", "llo"};
+  EXPECT_EQ(Json::parse(tokenize_body({7, 9}, 4096, &strs)),
+            (Json{{"count", 2}, {"max_model_len", 4096}, {"tokens", {7, 9}}, {"token_strs", {"he", "llo"}}}));
+  EXPECT_TRUE(Json::parse(tokenize_body({}, 4096, nullptr))["token_strs"].is_null());
+  EXPECT_EQ(Json::parse(tokenize_body({}, 4096, nullptr))["count"], 0);
+  EXPECT_EQ(Json::parse(detokenize_body("hello"))["prompt"], "hello");
 }
 
 TEST(OpenAiResponse, ErrorBody) {

@@ -387,6 +387,12 @@ TEST_F(GrpcApiTest, NonFiniteNumbersAreRefusedAsTheHttpApiRefusesThem) {
       {[&](v1::GenerateRequest& r) { r.set_temperature(nan); }, "'temperature' must be between 0 and 2, got nan"},
       {[&](v1::GenerateRequest& r) { r.set_top_p(nan); }, "'top_p' must be greater than 0 and at most 1, got nan"},
       {[&](v1::GenerateRequest& r) { r.set_min_p(-inf); }, "'min_p' must be between 0 and 1, got -inf"},
+      {[&](v1::GenerateRequest& r) { r.set_presence_penalty(nan); },
+       "'presence_penalty' must be between -2 and 2, got nan"},
+      {[&](v1::GenerateRequest& r) { r.set_repetition_penalty(inf); },
+       "'repetition_penalty' must be greater than 0 and at most 100, got inf"},
+      {[&](v1::GenerateRequest& r) { (*r.mutable_logit_bias())[3] = nan; },
+       "'logit_bias' must be between -100 and 100, got nan"},
       {[&](v1::GenerateRequest& r) { (*r.mutable_kv_policy()->mutable_params())["budget"] = inf; },
        "'kv_policy.budget' must be a finite number, got inf"},
   };
@@ -398,6 +404,40 @@ TEST_F(GrpcApiTest, NonFiniteNumbersAreRefusedAsTheHttpApiRefusesThem) {
     EXPECT_EQ(g.status.error_message(), c.message);
   }
   EXPECT_EQ(requests("grpc_generate", "INVALID_ARGUMENT"), double(cases.size()));
+}
+
+TEST_F(GrpcApiTest, PenaltiesLogitBiasAndMinTokensReachTheSampler) {
+  v1::GenerateRequest forced = prompt_request("abc", 5);
+  forced.set_temperature(0);
+  (*forced.mutable_logit_bias())[9] = 100;
+  forced.set_presence_penalty(2);  // cannot outweigh a bias of 100
+  forced.set_repetition_penalty(1.3f);
+  const Generated g = generate(forced);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  int tokens = 0;
+  for (const v1::GenerateResponse& m : g.messages) {
+    if (!m.has_token()) continue;
+    EXPECT_EQ(m.token().token_id(), 9);
+    ++tokens;
+  }
+  EXPECT_EQ(tokens, 5);
+  struct Case {
+    std::function<void(v1::GenerateRequest&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::GenerateRequest& r) { (*r.mutable_logit_bias())[-4] = 1; }, "'logit_bias' keys must be token ids"},
+      {[](v1::GenerateRequest& r) { (*r.mutable_logit_bias())[1 << 30] = 1; }, "outside the vocabulary"},
+      {[](v1::GenerateRequest& r) { r.set_min_tokens(5); }, "'min_tokens' (5) must not exceed 'max_tokens' (4)"},
+      {[](v1::GenerateRequest& r) { r.set_frequency_penalty(-3); }, "'frequency_penalty' must be between -2 and 2"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest request = prompt_request("abc", 4);
+    c.set(request);
+    const Generated bad = generate(request);
+    EXPECT_EQ(bad.status.error_code(), grpc::INVALID_ARGUMENT) << c.message;
+    EXPECT_NE(bad.status.error_message().find(c.message), std::string::npos) << bad.status.error_message();
+  }
 }
 
 TEST_F(GrpcApiTest, AMessageThatDoesNotParseIsInvalidArgumentCountedAndLoggedSparingly) {

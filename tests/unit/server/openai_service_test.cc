@@ -232,6 +232,109 @@ TEST_F(OpenAiServiceTest, ErrorsAreOpenAiJsonWithTheRightStatus) {
   EXPECT_GE(registry_.counter(metrics::kErrors, {"invalid_request"}).value(), 5);
 }
 
+// Greedy completions of one prompt; the token ids come back through the
+// logprobs' token strings (every token of the tiny vocabulary is distinct).
+std::vector<std::string> greedy_tokens(const json& completion) {
+  return completion["choices"][0]["logprobs"]["tokens"].get<std::vector<std::string>>();
+}
+
+TEST_F(OpenAiServiceTest, LogitBiasAndMinTokensChangeTheOutputAsDefined) {
+  const std::string base =
+      R"({"model": "tiny", "prompt": [5, 6, 7], "temperature": 0, "logprobs": 0, "max_tokens": 12)";
+  RecordingWriter plain = call("POST", "/v1/completions", base + "}");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::vector<std::string> first = greedy_tokens(json::parse(plain.body));
+  ASSERT_FALSE(first.empty());
+  // Ban every token greedy decoding chose: none of them comes back.
+  json bans = json::object();
+  for (int32_t id = 0; id < tokenizer_->n_vocab(); ++id) {
+    if (std::find(first.begin(), first.end(), tokenizer_->token_bytes(id)) != first.end()) bans[std::to_string(id)] = -100;
+  }
+  RecordingWriter banned = call("POST", "/v1/completions", base + R"(, "logit_bias": )" + bans.dump() + "}");
+  ASSERT_EQ(banned.status, 200) << banned.body;
+  for (const std::string& t : greedy_tokens(json::parse(banned.body))) {
+    EXPECT_EQ(std::find(first.begin(), first.end(), t), first.end()) << "banned token " << t << " was generated";
+  }
+  // +100 on one token: greedy picks it every time.
+  RecordingWriter forced = call("POST", "/v1/completions", base + R"(, "logit_bias": {"9": 100}})");
+  ASSERT_EQ(forced.status, 200) << forced.body;
+  for (const std::string& t : greedy_tokens(json::parse(forced.body))) EXPECT_EQ(t, tokenizer_->token_bytes(9));
+
+  // The end-of-generation token forced: one token, unless min_tokens holds it back.
+  const std::string eos = std::to_string(tokenizer_->spec().eog_ids.at(0));
+  RecordingWriter ends = call("POST", "/v1/completions", base + R"(, "logit_bias": {")" + eos + R"(": 100}})");
+  ASSERT_EQ(ends.status, 200) << ends.body;
+  EXPECT_EQ(json::parse(ends.body)["usage"]["completion_tokens"], 1);
+  RecordingWriter held = call("POST", "/v1/completions",
+                              base + R"(, "logit_bias": {")" + eos + R"(": 100}, "min_tokens": 5})");
+  ASSERT_EQ(held.status, 200) << held.body;
+  const json h = json::parse(held.body);
+  EXPECT_EQ(h["usage"]["completion_tokens"], 6) << held.body;  // five held back, then the end token
+  EXPECT_EQ(h["choices"][0]["finish_reason"], "stop");
+
+  // Ids outside the vocabulary, min_tokens above what the request allows.
+  RecordingWriter outside = call("POST", "/v1/completions", base + R"(, "logit_bias": {"999999": 1}})");
+  EXPECT_EQ(outside.status, 400);
+  EXPECT_EQ(json::parse(outside.body)["error"]["param"], "logit_bias") << outside.body;
+  RecordingWriter too_many = call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "min_tokens": 17})");
+  EXPECT_EQ(too_many.status, 400);  // completions default to 16 tokens
+  EXPECT_EQ(json::parse(too_many.body)["error"]["param"], "min_tokens") << too_many.body;
+}
+
+TEST_F(OpenAiServiceTest, AContextOverflowSaysWhatWasAskedAndWhatFits) {
+  // n_ctx 256: a prompt of 300 tokens, and 200 tokens with 100 to generate.
+  std::string ids = "1";
+  for (int i = 1; i < 300; ++i) ids += ",1";
+  RecordingWriter whole = call("POST", "/v1/completions", R"({"model": "tiny", "prompt": [)" + ids + "]}");
+  EXPECT_EQ(whole.status, 400);
+  const std::string m = json::parse(whole.body)["error"]["message"];
+  EXPECT_NE(m.find("your prompt resulted in 300 tokens, which leaves no room for a completion"), std::string::npos) << m;
+  EXPECT_EQ(m.find('-'), std::string::npos) << m;  // no negative completion
+  ids = ids.substr(0, 2 * 200 - 1);
+  RecordingWriter both = call("POST", "/v1/completions", R"({"model": "tiny", "prompt": [)" + ids + R"(], "max_tokens": 100})");
+  EXPECT_EQ(both.status, 400);
+  const std::string n = json::parse(both.body)["error"]["message"];
+  EXPECT_NE(n.find("you requested 300 tokens (200 in the prompt, 100 in the completion)"), std::string::npos) << n;
+  EXPECT_NE(n.find("at most 56 completion tokens fit"), std::string::npos) << n;
+  EXPECT_EQ(json::parse(both.body)["error"]["code"], "context_length_exceeded");
+}
+
+TEST_F(OpenAiServiceTest, TokenizeDetokenizeAndTheModelsContext) {
+  RecordingWriter t = call("POST", "/tokenize", R"({"model": "tiny", "prompt": "abc", "return_token_strs": true})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  const json tj = json::parse(t.body);
+  const std::vector<int32_t> ids = tj["tokens"];
+  EXPECT_EQ(ids, tokenizer_->encode("abc", false));  // the tiny tokenizer adds no BOS
+  EXPECT_EQ(tj["count"], ids.size());
+  EXPECT_EQ(tj["max_model_len"], 256);
+  ASSERT_EQ(tj["token_strs"].size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(tj["token_strs"][i], tokenizer_->token_bytes(ids[i]));
+
+  RecordingWriter d = call("POST", "/detokenize", json{{"tokens", ids}}.dump());
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(json::parse(d.body)["prompt"], "abc");
+
+  // Chat messages tokenize as the generation endpoint encodes them: the
+  // same prompt_tokens in usage.
+  const std::string messages = R"([{"role": "user", "content": "hello"}])";
+  RecordingWriter c = call("POST", "/tokenize", R"({"messages": )" + messages + "}");
+  ASSERT_EQ(c.status, 200) << c.body;
+  RecordingWriter g = call("POST", "/v1/chat/completions",
+                           R"({"model": "tiny", "max_tokens": 1, "messages": )" + messages + "}");
+  ASSERT_EQ(g.status, 200) << g.body;
+  EXPECT_EQ(json::parse(c.body)["count"], json::parse(g.body)["usage"]["prompt_tokens"]);
+
+  EXPECT_EQ(json::parse(call("GET", "/v1/models").body)["data"][0]["max_model_len"], 256);
+  EXPECT_EQ(json::parse(call("GET", "/v1/models/tiny").body)["max_model_len"], 256);
+
+  EXPECT_EQ(call("POST", "/tokenize", R"({"model": "other", "prompt": "a"})").status, 404);
+  RecordingWriter outside = call("POST", "/detokenize", R"({"tokens": [999999]})");
+  EXPECT_EQ(outside.status, 400);
+  EXPECT_EQ(json::parse(outside.body)["error"]["param"], "tokens");
+  EXPECT_EQ(call("POST", "/tokenize", "{bad").status, 400);
+  EXPECT_EQ(call("GET", "/tokenize").status, 405);
+}
+
 TEST_F(OpenAiServiceTest, AClientThatLeavesCancelsItsSequences) {
   RecordingWriter w;
   w.gone_after = 3;

@@ -95,6 +95,113 @@ TEST(Sampler, RejectsInvalidParameters) {
   p = {};
   p.top_k = -2;
   EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.presence_penalty = 2.5f;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.frequency_penalty = -2.5f;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.repetition_penalty = 0.0f;
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.logit_bias = {{3, 100.5f}};
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.min_tokens = -1;
+  EXPECT_THROW(Sampler{p}, Error);
+}
+
+// Greedy picks from kLogits = {1, 3, 2, 3, -1, 0.5} after OpenAI's
+// penalties: logit - presence * (count > 0) - frequency * count over the
+// tokens generated so far.
+TEST(Sampler, PresenceAndFrequencyPenaltiesFollowOpenAisFormula) {
+  SamplingParams p;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.6f;
+  Sampler s(p);
+  std::vector<int32_t> picks;
+  for (int i = 0; i < 5; ++i) picks.push_back(s.sample(kLogits));
+  // 1 (3.0) -> 1 drops to 1.9; 3 (3.0) -> 1.9; 2 (2.0) -> 0.9; 1 (1.9, the
+  // lower index of a tie) -> 1.3; 3 (1.9).
+  EXPECT_EQ(picks, (std::vector<int32_t>{1, 3, 2, 1, 3}));
+
+  p = {};
+  p.presence_penalty = -2.0f;  // negative: repeat what was said
+  Sampler repeat(p);
+  const std::vector<float> logits = {2.0f, 2.5f, 0.0f};
+  EXPECT_EQ(repeat.sample(logits), 1);
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.3f;  // 2.5 - 0.3 k falls below 2.0 once 1 was used twice
+  Sampler often(p);
+  EXPECT_EQ(often.sample(logits), 1);
+  EXPECT_EQ(often.sample(logits), 1);
+  EXPECT_EQ(often.sample(logits), 0);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(repeat.sample(logits), 1);
+}
+
+// Hugging Face's repetition penalty: a token in the prompt or the output has
+// a positive logit divided by the penalty and a negative one multiplied.
+TEST(Sampler, RepetitionPenaltyCountsThePromptAndDividesOrMultiplies) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  Sampler s(p);
+  const std::vector<int32_t> prompt = {0, 2};
+  s.start(prompt, 0);
+  const std::vector<float> logits = {2.0f, 1.9f, -0.4f, -0.5f};
+  EXPECT_EQ(s.sample(logits), 1);  // 0: 2.0 / 2 = 1.0
+  EXPECT_EQ(s.sample(logits), 0);  // 1: 1.9 / 2 = 0.95 < 1.0
+  const std::vector<float> negative = {-1.0f, -1.5f, -0.8f};
+  Sampler n(p);
+  n.start(prompt, 0);
+  EXPECT_EQ(n.sample(negative), 1);  // 0: -1.0 * 2 = -2.0, 2: -0.8 * 2 = -1.6, both below 1's -1.5
+}
+
+TEST(Sampler, LogitBiasBansAndForcesTokens) {
+  SamplingParams p;
+  p.logit_bias = {{1, -100.0f}, {3, -100.0f}};
+  EXPECT_EQ(Sampler(p).sample(kLogits), 2);
+  p.logit_bias = {{4, 100.0f}};
+  EXPECT_EQ(Sampler(p).sample(kLogits), 4);
+  p.logit_bias = {{1, -100.0f}, {3, -100.0f}, {99, 5.0f}};  // ids past the logits are left alone
+  p.temperature = 1.0f;
+  p.seed = 3;
+  Sampler sampled(p);
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 2000; ++i) ++counts[sampled.sample(kLogits)];
+  EXPECT_EQ(counts.count(1), 0u);
+  EXPECT_EQ(counts.count(3), 0u);
+  EXPECT_GT(counts[2], 1000);  // e^2 / (e^1 + e^2 + e^-1 + e^0.5): 61%
+}
+
+TEST(Sampler, MinTokensHoldsEndTokensBackAndCountsEarlierOutput) {
+  SamplingParams p;
+  p.min_tokens = 2;
+  p.end_tokens = {1};
+  Sampler s(p);
+  EXPECT_EQ(s.sample(kLogits), 3);
+  EXPECT_EQ(s.sample(kLogits), 3);
+  EXPECT_EQ(s.sample(kLogits), 1);
+  // Started again after a preemption with one token already generated.
+  Sampler again(p);
+  const std::vector<int32_t> fed = {5, 5, 3};
+  again.start(fed, 1);
+  EXPECT_EQ(again.sample(kLogits), 3);
+  EXPECT_EQ(again.sample(kLogits), 1);
+}
+
+TEST(Sampler, PenaltiesCountOutputFedBackAfterAPreemptionButNotThePrompt) {
+  SamplingParams p;
+  p.frequency_penalty = 0.6f;
+  Sampler s(p);
+  const std::vector<int32_t> fed = {3, 3, 3, 1, 1};  // prompt {3, 3, 3}, then 1 twice
+  s.start(fed, 2);
+  EXPECT_EQ(s.sample(kLogits), 3);  // 1: 3.0 - 2 * 0.6 = 1.8; 3 is in the prompt only: 3.0
+  EXPECT_EQ(s.sample(kLogits), 3);  // 3: 2.4
+  EXPECT_EQ(s.sample(kLogits), 2);  // 3: 1.8, 1: 1.8, 2: 2.0
 }
 
 }  // namespace

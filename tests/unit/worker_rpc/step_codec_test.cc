@@ -31,6 +31,13 @@ SequenceStart sample_start(SeqId seq) {
   s.sampling.top_p = 0.9f;
   s.sampling.min_p = 0.05f;
   s.sampling.seed = 0xfedcba9876543210ull;
+  s.sampling.presence_penalty = 0.25f;
+  s.sampling.frequency_penalty = -1.5f;
+  s.sampling.repetition_penalty = 1.1f;
+  s.sampling.logit_bias = {{49151, -100.0f}, {0, 2.5f}};
+  s.sampling.min_tokens = 12;
+  s.sampling.end_tokens = {0, 2};
+  s.generated = 2;
   s.top_logprobs = 5;
   return s;
 }
@@ -45,6 +52,13 @@ void expect_equal(const SequenceStart& a, const SequenceStart& b) {
   EXPECT_EQ(a.sampling.top_p, b.sampling.top_p);
   EXPECT_EQ(a.sampling.min_p, b.sampling.min_p);
   EXPECT_EQ(a.sampling.seed, b.sampling.seed);
+  EXPECT_EQ(a.sampling.presence_penalty, b.sampling.presence_penalty);
+  EXPECT_EQ(a.sampling.frequency_penalty, b.sampling.frequency_penalty);
+  EXPECT_EQ(a.sampling.repetition_penalty, b.sampling.repetition_penalty);
+  EXPECT_EQ(a.sampling.logit_bias, b.sampling.logit_bias);
+  EXPECT_EQ(a.sampling.min_tokens, b.sampling.min_tokens);
+  EXPECT_EQ(a.sampling.end_tokens, b.sampling.end_tokens);
+  EXPECT_EQ(a.generated, b.generated);
   EXPECT_EQ(a.top_logprobs, b.top_logprobs);
 }
 
@@ -60,6 +74,8 @@ TEST(StepCodec, PolicyAndSamplingRoundTrip) {
   EXPECT_EQ(s.temperature, 0.0f);
   EXPECT_EQ(s.top_p, 1.0f);
   EXPECT_EQ(s.top_k, 0);
+  EXPECT_EQ(s.repetition_penalty, 1.0f);
+  EXPECT_FALSE(s.adjusts_logits());
 }
 
 TEST(StepCodec, StepPlanRoundTrip) {
