@@ -388,30 +388,40 @@ TEST_F(StallBoundTest, WithoutAStallBoundPromptsBesideDecodingSequencesRunWhole)
 }
 
 TEST_F(SchedulerTest, FullCachePreemptsByRecomputeAndFullKvStaysExact) {
-  std::vector<SequenceRequest> requests;
-  for (int i = 0; i < 4; ++i) {
-    requests.push_back(request(i, 120));
-    requests.back().stop = {};
-  }
-  const std::vector<Outcome> reference = alone(requests);
+  // Plain greedy, then with penalties: a restarted sequence must keep the
+  // counts of what it generated before (the worker is told which of the
+  // tokens it prefills were generated), or its output would change.
+  for (const bool penalized : {false, true}) {
+    SCOPED_TRACE(penalized ? "with penalties" : "plain");
+    std::vector<SequenceRequest> requests;
+    for (int i = 0; i < 4; ++i) {
+      requests.push_back(request(i, 120));
+      requests.back().stop = {};
+      if (penalized) {
+        requests.back().sampling.frequency_penalty = 0.4f;
+        requests.back().sampling.presence_penalty = 0.3f;
+      }
+    }
+    const std::vector<Outcome> reference = alone(requests);
 
-  // Room for four sequences' first pages, not for all of them to grow past 64 slots.
-  LocalWorker probe(*model_, worker_options());
-  const WorkerInfo info = probe.info();
-  const size_t per_page_set = info.kv_page_bytes * size_t(info.n_layer * info.n_head_kv);
-  LocalWorker worker(*model_, worker_options(6 * per_page_set));
-  metrics::Registry registry;
-  Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
-  const std::vector<Outcome> got = collect(scheduler.submit(requests));
-  for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(got[i].tokens, reference[i].tokens) << "sequence " << i;
-    EXPECT_EQ(got[i].finish, reference[i].finish) << "sequence " << i;
+    // Room for four sequences' first pages, not for all of them to grow past 64 slots.
+    LocalWorker probe(*model_, worker_options());
+    const WorkerInfo info = probe.info();
+    const size_t per_page_set = info.kv_page_bytes * size_t(info.n_layer * info.n_head_kv);
+    LocalWorker worker(*model_, worker_options(6 * per_page_set));
+    metrics::Registry registry;
+    Scheduler scheduler(worker, *tokenizer_, registry, SchedulerOptions{});
+    const std::vector<Outcome> got = collect(scheduler.submit(requests));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, reference[i].tokens) << "sequence " << i;
+      EXPECT_EQ(got[i].finish, reference[i].finish) << "sequence " << i;
+    }
+    const bool long_enough = std::any_of(reference.begin(), reference.end(), [&](const Outcome& o) {
+      return o.tokens.size() + requests.front().prompt.size() > size_t(info.page_slots);
+    });
+    ASSERT_TRUE(long_enough) << "the sequences must outgrow one page for the cache to fill";
+    EXPECT_GT(registry.counter(metrics::kPreemptions).value(), 0);
   }
-  const bool long_enough = std::any_of(reference.begin(), reference.end(), [&](const Outcome& o) {
-    return o.tokens.size() + requests.front().prompt.size() > size_t(info.page_slots);
-  });
-  ASSERT_TRUE(long_enough) << "the sequences must outgrow one page for the cache to fill";
-  EXPECT_GT(registry.counter(metrics::kPreemptions).value(), 0);
 }
 
 // Admission counts the KV a prompt still being prefilled in chunks will take,
