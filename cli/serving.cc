@@ -38,6 +38,9 @@ void add_serving_flags(Flags& flags) {
            "follows from the measured cost of prompt tokens (at least 16 a step, docs/serving.md); 0: no bound")
       .add("max-tokens-cap", "0", "largest max_tokens a request may ask for; 0 is the context")
       .add("max-n", "16", "largest n (choices per prompt)")
+      .add("reasoning-parser", "auto",
+           "how chat replies split into reasoning_content and content: think (<think> ... </think>; also "
+           "deepseek_r1, qwen3), none, or auto (think when the chat template mentions <think>)")
       .add("api-key", "", "accepted API key (repeatable; LAZYKV_API_KEY in the environment); none: no authentication")
       .add("max-concurrent-per-key", "0",
            "requests in flight per API key (without keys: for all requests together); 0 is unlimited")
@@ -57,6 +60,7 @@ ServiceConfig service_config_from_flags(const Flags& flags, const std::string& m
   service.default_policy = policy_from_flags(flags);
   service.limits.max_tokens_cap = int32_t(flags.get_int_in("max-tokens-cap", 0, kMaxInt32));
   service.limits.max_n = int(flags.get_int_in("max-n", 1, kMaxInt32));
+  if (flags.get("reasoning-parser") != "auto") service.reasoning = parse_reasoning_format(flags.get("reasoning-parser"));
   const int64_t per_key = flags.get_int_in("max-concurrent-per-key", 0, kMaxInt32);
   if (per_key > 0) service.key_limiter = std::make_shared<KeyLimiter>(int(per_key));
   for (const std::string& key : flags.get_all("api-key")) {

@@ -68,6 +68,10 @@ inline constexpr MetricDef kPromptTokens{
     no_buckets()};
 inline constexpr MetricDef kGenerationTokens{
     "lazykv_generation_tokens_total", MetricType::kCounter, "Tokens generated.", no_labels(), no_buckets()};
+inline constexpr MetricDef kReasoningTokens{
+    "lazykv_reasoning_tokens_total", MetricType::kCounter,
+    "Tokens generated inside a chat reply's thinking block (counted in lazykv_generation_tokens_total too).",
+    no_labels(), no_buckets()};
 inline constexpr MetricDef kPreemptions{
     "lazykv_preemptions_total", MetricType::kCounter,
     "Running sequences preempted for lack of KV memory (requeued, recomputed on readmission).", no_labels(),
@@ -148,9 +152,9 @@ inline constexpr MetricDef kBuildInfo{
     kBuildLabels, no_buckets()};
 
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 31> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 32> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
-    &kRequests,         &kPromptTokens,      &kGenerationTokens, &kPreemptions,    &kErrors,
+    &kRequests,         &kPromptTokens,      &kGenerationTokens, &kReasoningTokens, &kPreemptions,    &kErrors,
     &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,      &kDemotions,
     &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kKvstoreBlocks,
     &kKvstoreLeases,    &kKvstorePoolFragmentation, &kKvstoreRequests, &kKvstoreNvmeAdmissions, &kTransportInfo,

@@ -99,6 +99,7 @@ Json usage_json(const Usage& usage) {
   out["prompt_tokens"] = usage.prompt_tokens;
   out["completion_tokens"] = usage.completion_tokens;
   out["total_tokens"] = usage.prompt_tokens + usage.completion_tokens;
+  if (usage.reasoning_tokens) out["completion_tokens_details"] = Json{{"reasoning_tokens", *usage.reasoning_tokens}};
   return out;
 }
 
@@ -139,6 +140,7 @@ std::string completion_body(Endpoint endpoint, const ResponseMeta& meta, const s
       Json message = Json::object();
       message["role"] = "assistant";
       message["content"] = c.text;
+      if (c.reasoning) message["reasoning_content"] = c.reasoning->empty() ? Json(nullptr) : Json(*c.reasoning);
       message["refusal"] = nullptr;
       choice["message"] = std::move(message);
     } else {
@@ -165,9 +167,10 @@ std::string chunk_body(Endpoint endpoint, const ResponseMeta& meta, const ChunkD
     if (delta.first_of_choice) {
       d["role"] = "assistant";
       d["content"] = delta.text;
-    } else if (!delta.text.empty() || !delta.finish_reason) {
+    } else if (!delta.text.empty() || (!delta.finish_reason && delta.reasoning.empty())) {
       d["content"] = delta.text;
     }
+    if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
     // else: the closing chunk of a choice, an empty delta with the reason.
     choice["delta"] = std::move(d);
   } else {

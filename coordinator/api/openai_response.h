@@ -28,11 +28,13 @@ struct TokenLogprob {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  std::optional<int64_t> reasoning_tokens;  // set: completion_tokens_details.reasoning_tokens
 };
 
 struct Choice {
   int index = 0;
   std::string text;               // the generated text (chat: the assistant message content)
+  std::optional<std::string> reasoning;  // chat with a reasoning parser: reasoning_content (null when empty)
   std::string finish_reason;      // "stop" or "length"
   std::vector<TokenLogprob> logprobs;
   bool has_logprobs = false;      // the request asked for logprobs
@@ -56,6 +58,7 @@ std::string completion_body(Endpoint endpoint, const ResponseMeta& meta, const s
 struct ChunkDelta {
   int index = 0;
   std::string text;
+  std::string reasoning;  // chat: delta.reasoning_content when not empty
   bool first_of_choice = false;
   std::optional<std::string> finish_reason;
   std::vector<TokenLogprob> logprobs;

@@ -1,7 +1,9 @@
 #include "coordinator/server/openai_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <span>
 
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
@@ -57,7 +59,12 @@ api::TokenLogprob to_api(const TokenInfo& token, int32_t offset) {
 
 OpenAiService::OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics,
                              ServiceConfig config)
-    : tokenizer_(tokenizer), prompts_(tokenizer), scheduler_(scheduler), metrics_(metrics), config_(std::move(config)) {
+    : tokenizer_(tokenizer),
+      prompts_(tokenizer),
+      scheduler_(scheduler),
+      metrics_(metrics),
+      config_(std::move(config)),
+      reasoning_(config_.reasoning.value_or(reasoning_format_of_template(tokenizer.spec().chat_template))) {
   metrics_.gauge(metrics::kBuildInfo, {config_.version, config_.model_id}).set(1);
 }
 
@@ -219,6 +226,7 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
   std::vector<std::string> prompt_texts;  // for echo
   std::vector<SequenceHandle> handles;
   KeyLimiter::Slot slot;
+  bool prompt_opens_block = false;  // chat: the template opened the thinking block
   try {
     const std::string key = authenticate(request);
     if (config_.key_limiter) slot = config_.key_limiter->acquire(key);
@@ -236,6 +244,10 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     std::vector<SequenceRequest> sequences;
     for (size_t p = 0; p < n_prompts; ++p) {
       const std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
+      if (chat && reasoning_ != ReasoningFormat::kNone) {
+        const size_t tail = std::min<size_t>(prompt.size(), 8);
+        prompt_opens_block = prompt_opens_thinking(tokenizer_.decode(std::span(prompt).last(tail)));
+      }
       if (!chat) prompt_texts.push_back(r.prompts[p].is_tokens ? tokenizer_.decode(prompt) : r.prompts[p].text);
       const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), n_ctx, config_);
       for (SequenceRequest& s : make_sequences(r, prompt, max_tokens, config_, sequences.size(), arrival)) {
@@ -271,7 +283,16 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
   std::vector<int64_t> prompt_counted(handles.size(), 0);
   std::optional<api::ApiError> failure;
   std::vector<int32_t> text_offset(handles.size(), 0);
+  // Chat text goes through a splitter per choice (a pass-through without a reasoning format).
+  std::vector<ReasoningSplitter> splitters;
+  const bool reasoning = chat && reasoning_ != ReasoningFormat::kNone;
+  if (reasoning) usage.reasoning_tokens = 0;
+  const auto split = [&](size_t i, const std::string& text) {
+    return chat ? splitters[i].push(text) : ReasoningPiece{"", text};
+  };
   for (size_t i = 0; i < choices.size(); ++i) {
+    if (chat) splitters.emplace_back(reasoning_, prompt_opens_block);
+    if (reasoning) choices[i].reasoning = "";
     choices[i].index = int(i);
     choices[i].has_logprobs = r.logprobs;
     if (r.echo) choices[i].text = prompt_texts[i / size_t(r.n)];
@@ -323,11 +344,19 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         api::TokenLogprob lp = to_api(e.token, text_offset[i]);
         if (!tokenizer_.is_special(e.token.id)) text_offset[i] += int32_t(utf8::count_code_points(e.token.bytes));
         if (r.logprobs) choice.logprobs.push_back(lp);
-        choice.text += e.text;
-        if (streaming && (!e.text.empty() || r.logprobs)) {
+        const bool was_thinking = chat && splitters[i].thinking();
+        ReasoningPiece piece = split(i, e.text);
+        if (reasoning && (was_thinking || splitters[i].thinking())) {
+          ++*usage.reasoning_tokens;
+          metrics_.counter(metrics::kReasoningTokens).inc();
+        }
+        choice.text += piece.content;
+        if (choice.reasoning) *choice.reasoning += piece.reasoning;
+        if (streaming && (!piece.content.empty() || !piece.reasoning.empty() || r.logprobs)) {
           api::ChunkDelta delta;
           delta.index = int(i);
-          delta.text = e.text;
+          delta.text = std::move(piece.content);
+          delta.reasoning = std::move(piece.reasoning);
           delta.has_logprobs = r.logprobs;
           if (r.logprobs) delta.logprobs.push_back(lp);
           write(api::chunk_body(endpoint, meta, delta, r.include_usage));
@@ -347,17 +376,26 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         }
         continue;
       }
-      choice.text += e.text;
+      ReasoningPiece rest = split(i, e.text);
+      if (chat) {
+        ReasoningPiece held = splitters[i].flush();
+        rest.content += held.content;
+        rest.reasoning += held.reasoning;
+      }
+      choice.text += rest.content;
+      if (choice.reasoning) *choice.reasoning += rest.reasoning;
       choice.finish_reason = e.finish_reason;
       if (streaming) {
         api::ChunkDelta last;
         last.index = int(i);
-        if (chat && !e.text.empty()) {
-          last.text = e.text;
+        if (chat && (!rest.content.empty() || !rest.reasoning.empty())) {
+          last.text = std::move(rest.content);
+          last.reasoning = std::move(rest.reasoning);
           write(api::chunk_body(endpoint, meta, last, r.include_usage));
           last.text.clear();
+          last.reasoning.clear();
         } else {
-          last.text = e.text;
+          last.text = std::move(rest.content);
         }
         last.finish_reason = e.finish_reason;
         write(api::chunk_body(endpoint, meta, last, r.include_usage));

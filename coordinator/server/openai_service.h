@@ -59,6 +59,7 @@ class OpenAiService {
   Scheduler& scheduler_;
   metrics::Registry& metrics_;
   ServiceConfig config_;
+  ReasoningFormat reasoning_;  // config_.reasoning, or what the chat template implies
   std::atomic<bool> ready_{true};
   std::atomic<int> in_flight_{0};
   std::mutex mutex_;

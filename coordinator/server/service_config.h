@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "coordinator/api/openai_request.h"
+#include "coordinator/chat/reasoning_splitter.h"
 #include "worker/policy/policy_config.h"
 
 namespace lazykv {
@@ -64,6 +65,9 @@ struct ServiceConfig {
   api::RequestLimits limits;
   PolicyConfig default_policy = make_policy_config("full");  // when a request names no kv_policy
   int32_t completions_default_max_tokens = 16;  // OpenAI's default for /v1/completions
+  // How chat replies split into reasoning_content and content; nullopt
+  // ("auto"): <think> blocks when the chat template mentions <think>.
+  std::optional<ReasoningFormat> reasoning;
   std::string version;
 
   // True when keys are off or `key` is one of them (compared in constant time).

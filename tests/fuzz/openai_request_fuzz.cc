@@ -44,7 +44,7 @@ void format_response(const GenerationRequest& r) {
     for (int k = 0; k < r.top_logprobs; ++k) lp.top.push_back({text.substr(i, size_t(k) + 1), -float(k)});
     choice.logprobs.push_back(lp);
   }
-  const Usage usage{int64_t(text.size()), int64_t(choice.logprobs.size())};
+  const Usage usage{int64_t(text.size()), int64_t(choice.logprobs.size()), int64_t(text.size() / 2)};
   volatile size_t sink = completion_body(r.endpoint, meta, {choice}, usage).size();
 
   ChunkDelta delta;

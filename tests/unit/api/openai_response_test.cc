@@ -52,7 +52,7 @@ std::vector<TokenLogprob> split_character_logprobs() {
 
 TEST(OpenAiResponse, CompletionBody) {
   const std::vector<Choice> choices = {simple_choice(0, "Hello", "stop"), simple_choice(1, "Hi there", "length")};
-  const Json body = Json::parse(completion_body(kComp, kMeta, choices, {7, 11}));
+  const Json body = Json::parse(completion_body(kComp, kMeta, choices, {7, 11, {}}));
   EXPECT_EQ(keys(body), (std::vector<std::string>{"id", "object", "created", "model", "choices", "usage",
                                                   "system_fingerprint"}));
   EXPECT_EQ(body["id"], "cmpl-abc");
@@ -73,7 +73,7 @@ TEST(OpenAiResponse, CompletionBody) {
 }
 
 TEST(OpenAiResponse, ChatBody) {
-  const Json body = Json::parse(completion_body(kChat, kMeta, {simple_choice(0, "Sure.", "stop")}, {3, 2}));
+  const Json body = Json::parse(completion_body(kChat, kMeta, {simple_choice(0, "Sure.", "stop")}, {3, 2, {}}));
   EXPECT_EQ(body["object"], "chat.completion");
   const Json& choice = body["choices"][0];
   EXPECT_EQ(keys(choice), (std::vector<std::string>{"index", "message", "logprobs", "finish_reason"}));
@@ -85,11 +85,35 @@ TEST(OpenAiResponse, ChatBody) {
   EXPECT_EQ(body["usage"]["total_tokens"], 5);
 }
 
+TEST(OpenAiResponse, ChatBodyWithReasoning) {
+  Choice c = simple_choice(0, "4", "stop");
+  c.reasoning = "2+2 is 4.";
+  const Json body = Json::parse(completion_body(kChat, kMeta, {c}, {3, 9, 7}));
+  const Json& message = body["choices"][0]["message"];
+  EXPECT_EQ(message["content"], "4");
+  EXPECT_EQ(message["reasoning_content"], "2+2 is 4.");
+  EXPECT_EQ(body["usage"]["completion_tokens_details"], (Json{{"reasoning_tokens", 7}}));
+  c.reasoning = "";  // a reply that did not think: null
+  EXPECT_TRUE(Json::parse(completion_body(kChat, kMeta, {c}, {3, 1, 0}))["choices"][0]["message"]["reasoning_content"]
+                  .is_null());
+  // Without a reasoning parser neither field is there.
+  const Json plain = Json::parse(completion_body(kChat, kMeta, {simple_choice(0, "4", "stop")}, {3, 1, {}}));
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning_content"));
+  EXPECT_FALSE(plain["usage"].contains("completion_tokens_details"));
+  ChunkDelta d;
+  d.reasoning = "hmm";
+  const Json chunk = Json::parse(chunk_body(kChat, kMeta, d, false));
+  EXPECT_EQ(chunk["choices"][0]["delta"], (Json{{"reasoning_content", "hmm"}}));  // no empty content beside it
+  d.text = "ok";
+  d.reasoning.clear();
+  EXPECT_EQ(Json::parse(chunk_body(kChat, kMeta, d, false))["choices"][0]["delta"], (Json{{"content", "ok"}}));
+}
+
 TEST(OpenAiResponse, CompletionLogprobsWithASplitCharacter) {
   Choice c = simple_choice(0, "\xC3\xA9!", "stop");
   c.has_logprobs = true;
   c.logprobs = split_character_logprobs();
-  const Json body = Json::parse(completion_body(kComp, kMeta, {c}, {1, 3}));
+  const Json body = Json::parse(completion_body(kComp, kMeta, {c}, {1, 3, {}}));
   const Json& lp = body["choices"][0]["logprobs"];
   EXPECT_EQ(keys(lp), (std::vector<std::string>{"tokens", "token_logprobs", "top_logprobs", "text_offset"}));
   EXPECT_EQ(body["choices"][0]["text"], "\xC3\xA9!");
@@ -107,7 +131,7 @@ TEST(OpenAiResponse, ChatLogprobsKeepTheRawBytes) {
   Choice c = simple_choice(0, "\xC3\xA9!", "stop");
   c.has_logprobs = true;
   c.logprobs = split_character_logprobs();
-  const Json body = Json::parse(completion_body(kChat, kMeta, {c}, {1, 3}));
+  const Json body = Json::parse(completion_body(kChat, kMeta, {c}, {1, 3, {}}));
   const Json& lp = body["choices"][0]["logprobs"];
   EXPECT_EQ(keys(lp), (std::vector<std::string>{"content", "refusal"}));
   EXPECT_TRUE(lp["refusal"].is_null());
@@ -200,7 +224,7 @@ TEST(OpenAiResponse, ChatChunks) {
 
 TEST(OpenAiResponse, UsageChunk) {
   for (const Endpoint endpoint : {kComp, kChat}) {
-    const Json chunk = Json::parse(usage_chunk_body(endpoint, kMeta, {4, 6}));
+    const Json chunk = Json::parse(usage_chunk_body(endpoint, kMeta, {4, 6, {}}));
     EXPECT_EQ(chunk["object"], endpoint == kChat ? "chat.completion.chunk" : "text_completion");
     EXPECT_TRUE(chunk["choices"].is_array());
     EXPECT_TRUE(chunk["choices"].empty());

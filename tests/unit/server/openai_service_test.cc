@@ -335,6 +335,69 @@ TEST_F(OpenAiServiceTest, TokenizeDetokenizeAndTheModelsContext) {
   EXPECT_EQ(call("GET", "/tokenize").status, 405);
 }
 
+// A template that opens the thinking block in the generation prompt, as
+// DeepSeek-R1's: the tiny random model never closes it, so its whole reply
+// is reasoning_content, token for token what it is as content without the parser.
+TEST_F(OpenAiServiceTest, AReplyInsideAThinkingBlockIsReasoningContent) {
+  TokenizerSpec spec = tiny_tokenizer_spec({});
+  spec.chat_template =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+      "'<|im_end|>\\n'}}{% endfor %}{{ '<|im_start|>assistant\\n<think>\\n' }}";
+  const Tokenizer thinking(spec);
+  LocalWorkerOptions options;
+  options.threads = 2;
+  options.n_vocab = thinking.n_vocab();
+  LocalWorker worker(*model_, options);  // the fixture's scheduler drives worker_
+  Scheduler scheduler(worker, thinking, registry_, scheduler_options_);
+  const auto serve = [&](std::optional<ReasoningFormat> format, const std::string& body) {
+    ServiceConfig config;
+    config.model_id = "tiny";
+    config.reasoning = format;
+    OpenAiService service(thinking, scheduler, registry_, config);
+    http::Request r;
+    r.method = "POST";
+    r.path = "/v1/chat/completions";
+    r.body = body;
+    RecordingWriter w;
+    service.handle(r, w);
+    return w;
+  };
+  const std::string body =
+      R"({"model": "tiny", "max_tokens": 10, "temperature": 0, "messages": [{"role": "user", "content": "2+2?"}])";
+  RecordingWriter off = serve(ReasoningFormat::kNone, body + "}");
+  ASSERT_EQ(off.status, 200) << off.body;
+  const json plain = json::parse(off.body);
+  const std::string text = plain["choices"][0]["message"]["content"];
+  ASSERT_FALSE(text.empty());
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning_content"));
+
+  const double counted = registry_.counter(metrics::kReasoningTokens).value();
+  RecordingWriter on = serve(std::nullopt, body + "}");  // auto: the template mentions <think>
+  ASSERT_EQ(on.status, 200) << on.body;
+  const json split = json::parse(on.body);
+  EXPECT_EQ(split["choices"][0]["message"]["reasoning_content"], text);
+  EXPECT_EQ(split["choices"][0]["message"]["content"], "");
+  EXPECT_EQ(split["usage"]["completion_tokens_details"]["reasoning_tokens"], split["usage"]["completion_tokens"]);
+  EXPECT_EQ(registry_.counter(metrics::kReasoningTokens).value() - counted,
+            split["usage"]["completion_tokens"].get<double>());
+
+  RecordingWriter streamed =
+      serve(std::nullopt, body + R"(, "stream": true, "stream_options": {"include_usage": true}})");
+  ASSERT_EQ(streamed.status, 200);
+  std::string reasoning, content;
+  for (const json& e : streamed.events()) {
+    if (e["choices"].empty()) {
+      EXPECT_EQ(e["usage"]["completion_tokens_details"]["reasoning_tokens"], e["usage"]["completion_tokens"]);
+      continue;
+    }
+    const json& delta = e["choices"][0]["delta"];
+    reasoning += delta.value("reasoning_content", "");
+    content += delta.value("content", "");
+  }
+  EXPECT_EQ(reasoning, text);
+  EXPECT_EQ(content, "");
+}
+
 TEST_F(OpenAiServiceTest, AClientThatLeavesCancelsItsSequences) {
   RecordingWriter w;
   w.gone_after = 3;
