@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "common/policy_config.h"
 #include "common/thread_pool.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/model.h"
 #include "worker/policy/policy.h"
-#include "worker/policy/policy_config.h"
 
 namespace lazykv::eval {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/policy/policy_config.h"
+#include "common/policy_config.h"
 
 namespace lazykv::eval {
 

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/policy_config.h"
 #include "worker/kv_cache.h"
-#include "worker/policy/policy_config.h"
 #include "worker/sampler.h"
 
 namespace lazykv {

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/policy_config.h"
 #include "coordinator/chat/chat_template.h"
-#include "worker/policy/policy_config.h"
 
 namespace lazykv::api {
 

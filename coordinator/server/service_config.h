@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/policy_config.h"
 #include "coordinator/api/openai_request.h"
 #include "coordinator/chat/reasoning_splitter.h"
-#include "worker/policy/policy_config.h"
 
 namespace lazykv {
 

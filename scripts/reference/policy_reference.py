@@ -41,7 +41,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 F32 = np.float32
 
-# Defaults and names from policy_catalog (worker/policy/policy_config.cc).
+# Defaults and names from policy_catalog (common/policy_config.cc).
 DEFAULTS = {
     "full": {},
     "lazy": {"budget": 512, "window": 128, "alpha": 1e-4, "per_query_head": 0},

@@ -1,4 +1,5 @@
-// Factories of the individual policies (one file each); make_policy picks.
+// Factories of the individual policies (one file each); policy_factories()
+// names them.
 #pragma once
 
 #include <memory>

@@ -227,20 +227,22 @@ nlohmann::json EvictionPolicy::slot_state(int layer, int h) const {
   return j;
 }
 
+const std::map<std::string, PolicyFactory>& policy_factories() {
+  static const std::map<std::string, PolicyFactory> factories = {
+      {"full", make_full_policy},       {"lazy", make_lazy_policy},   {"lazy+tiers", make_lazy_tiers_policy},
+      {"streaming", make_streaming_policy}, {"h2o", make_h2o_policy}, {"tova", make_tova_policy},
+      {"snapkv", make_snapkv_policy},   {"rkv", make_rkv_policy},     {"raas", make_raas_policy},
+      {"caote", make_caote_policy},     {"obcache", make_obcache_policy},
+  };
+  return factories;
+}
+
 std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const PolicyShape& shape) {
-  const std::string& n = config.name;
-  if (n == "full") return make_full_policy(config, shape);
-  if (n == "lazy") return make_lazy_policy(config, shape);
-  if (n == "lazy+tiers") return make_lazy_tiers_policy(config, shape);
-  if (n == "streaming") return make_streaming_policy(config, shape);
-  if (n == "h2o") return make_h2o_policy(config, shape);
-  if (n == "tova") return make_tova_policy(config, shape);
-  if (n == "snapkv") return make_snapkv_policy(config, shape);
-  if (n == "rkv") return make_rkv_policy(config, shape);
-  if (n == "raas") return make_raas_policy(config, shape);
-  if (n == "caote") return make_caote_policy(config, shape);
-  if (n == "obcache") return make_obcache_policy(config, shape);
-  throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + n + "'");
+  const auto it = policy_factories().find(config.name);
+  if (it == policy_factories().end()) {
+    throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + config.name + "'");
+  }
+  return it->second(config, shape);
 }
 
 }  // namespace lazykv

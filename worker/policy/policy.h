@@ -15,14 +15,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "common/policy_config.h"
 #include "kernels/cpu/ops.h"
 #include "worker/kv_cache.h"
-#include "worker/policy/policy_config.h"
 
 namespace lazykv {
 
@@ -200,6 +202,11 @@ class EvictionPolicy {
   std::atomic<int64_t> slots_{0}, evicted_{0}, policy_ns_{0};
   int64_t peak_slots_ = 0;
 };
+
+using PolicyFactory = std::unique_ptr<EvictionPolicy> (*)(const PolicyConfig& config, const PolicyShape& shape);
+// The engine's half of a policy's registration: its factory by catalog name
+// (common/policy_config.h holds the other half; the names are the same).
+const std::map<std::string, PolicyFactory>& policy_factories();
 
 // Builds the policy named by config for one sequence. Throws
 // Error(kInvalidArgument) when the shape does not suit it.

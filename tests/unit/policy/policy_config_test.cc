@@ -1,8 +1,9 @@
-// Policy names, parameters and their validation (worker/policy/policy_config.h).
-#include "worker/policy/policy_config.h"
+// Policy names, parameters and their validation (common/policy_config.h).
+#include "common/policy_config.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -102,6 +103,25 @@ TEST(PolicyConfig, KernelMustBeOdd) {
   EXPECT_TRUE(contains(config_error("snapkv", {{"kernel", "4"}}), "odd"));
   EXPECT_TRUE(contains(config_error("rkv", {{"kernel", "6"}}), "odd"));
   EXPECT_NO_THROW(make_policy_config("snapkv", {{"kernel", "1"}}));
+}
+
+// The rules between parameters are the rows' data: every parameter a rule
+// names exists in its row, and each rule refuses what it should.
+TEST(PolicyConfig, EveryRowsRulesNameItsOwnParameters) {
+  for (const PolicyInfo& p : policy_catalog()) {
+    const auto has = [&](const std::string& name) {
+      return std::any_of(p.params.begin(), p.params.end(), [&](const PolicyParam& q) { return q.name == name; });
+    };
+    for (const std::string& r : p.below_budget) {
+      EXPECT_TRUE(has(r) && has("budget")) << p.name << "." << r;
+      const std::string msg = config_error(p.name, {{"budget", "64"}, {r, "64"}});
+      EXPECT_TRUE(contains(msg, r + " (64) must be smaller than budget (64)")) << msg;
+    }
+    for (const std::string& r : p.odd) {
+      EXPECT_TRUE(has(r)) << p.name << "." << r;
+      EXPECT_TRUE(contains(config_error(p.name, {{r, "4"}}), r + " must be odd")) << p.name;
+    }
+  }
 }
 
 TEST(PolicyConfig, DefaultsFilledIn) {

@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/policy_config.h"
 #include "common/thread_pool.h"
 #include "worker/format/tiny_model.h"
 #include "worker/forward.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
 #include "worker/policy/policy.h"
-#include "worker/policy/policy_config.h"
 
 namespace lazykv {
 namespace {
@@ -90,6 +90,16 @@ struct Session {
 
 PolicyConfig config(const std::string& name, const std::map<std::string, std::string>& params) {
   return make_policy_config(name, params);
+}
+
+// The catalog (common) and the engine's factories are the two halves of a
+// policy's registration: every row has a factory and every factory a row.
+TEST(PolicyForward, EveryCatalogRowHasAFactoryAndNoFactoryLacksARow) {
+  std::vector<std::string> rows, factories;
+  for (const PolicyInfo& p : policy_catalog()) rows.push_back(p.name);
+  for (const auto& [name, factory] : policy_factories()) factories.push_back(name);
+  std::sort(rows.begin(), rows.end());
+  EXPECT_EQ(rows, factories);
 }
 
 TEST(PolicyForward, NoEvictionWithinBudgetIsBitIdentical) {

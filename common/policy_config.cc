@@ -1,4 +1,4 @@
-#include "worker/policy/policy_config.h"
+#include "common/policy_config.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -47,33 +47,36 @@ std::string param_list(const PolicyInfo& info) {
   return out.str();
 }
 
-// Rules between parameters; value ranges alone are checked by the catalog.
-void check_cross_rules(const PolicyConfig& c) {
-  const auto require_below_budget = [&](const std::string& param) {
+// The row's rules between parameters; value ranges alone are checked per parameter.
+void check_cross_rules(const PolicyInfo& info, const PolicyConfig& c) {
+  for (const std::string& param : info.odd) {
+    if (int64_t(c.get(param)) % 2 == 0) {
+      throw Error(ErrorCode::kInvalidArgument, "policy " + c.name + ": " + param + " must be odd");
+    }
+  }
+  for (const std::string& param : info.below_budget) {
     if (c.get(param) >= c.get("budget")) {
       throw Error(ErrorCode::kInvalidArgument, "policy " + c.name + ": " + param + " (" + format_number(c.get(param)) +
                                                    ") must be smaller than budget (" +
                                                    format_number(c.get("budget")) + ")");
     }
-  };
-  if (c.name == "lazy" || c.name == "lazy+tiers" || c.name == "snapkv" || c.name == "rkv") {
-    require_below_budget("window");
   }
-  if (c.name == "streaming") require_below_budget("sinks");
-  if (c.name == "h2o" || c.name == "caote" || c.name == "obcache") require_below_budget("recent");
 }
 
 }  // namespace
 
+// Each row: name, summary, parameters, then the parameters below budget and
+// the ones that must be odd.
 const std::vector<PolicyInfo>& policy_catalog() {
   static const std::vector<PolicyInfo> catalog = {
-      {"full", "no eviction: every token stays cached", {}},
+      {"full", "no eviction: every token stays cached", {}, {}, {}},
       {"lazy",
        "LazyEviction: lagged eviction by each token's recurrence interval",
        {budget_param(),
         {"window", 128, 1, kMaxSlots, true, "observation window = protected recent slots = eviction period W"},
         {"alpha", 1e-4, 0, 1, false, "attention probability that counts as a hit"},
-        {"per_query_head", 0, 0, 1, true, "1: track and select per query head (GQA expanded), as the reference"}}},
+        {"per_query_head", 0, 0, 1, true, "1: track and select per query head (GQA expanded), as the reference"}},
+       {"window"}, {}},
       {"lazy+tiers",
        "LazyEviction whose evicted recurring tokens are demoted to the host/NVMe tiers and promoted back",
        {budget_param(),
@@ -81,34 +84,42 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"alpha", 1e-4, 0, 1, false, "attention probability that counts as a hit"},
         {"promote", 16, 0, kMaxSlots, true, "most slots promoted per KV head at one eviction step"},
         {"fetch", 4, 0, 1024, true, "most demoted blocks fetched per KV head at one eviction step"},
-        {"probe", 1, 0, 1, true, "1: also promote by a query probe against the blocks' key bounds"}}},
+        {"probe", 1, 0, 1, true, "1: also promote by a query probe against the blocks' key bounds"}},
+       {"window"}, {}},
       {"streaming",
        "StreamingLLM: attention sinks plus a recent window",
-       {budget_param(), {"sinks", 4, 0, kMaxSlots, true, "first tokens always kept"}}},
+       {budget_param(), {"sinks", 4, 0, kMaxSlots, true, "first tokens always kept"}},
+       {"sinks"}, {}},
       {"h2o",
        "H2O: heavy hitters by accumulated attention plus a recent window, evicting every step",
-       {budget_param(), {"recent", 0, 0, kMaxSlots, true, "recent slots always kept; 0 is half the budget"}}},
+       {budget_param(), {"recent", 0, 0, kMaxSlots, true, "recent slots always kept; 0 is half the budget"}},
+       {"recent"}, {}},
       {"tova", "TOVA: the current query's attention averaged over the layer's heads, one top-k per layer",
-       {budget_param()}},
+       {budget_param()}, {}, {}},
       {"snapkv",
        "SnapKV: pooled attention of the last queries, at prefill and every `period` decode steps",
        {budget_param(),
         {"window", 32, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
         {"kernel", 5, 1, 63, true, "max-pooling kernel (odd)"},
-        {"period", 128, 0, kMaxSlots, true, "decode steps between compressions; 0 is prefill only"}}},
+        {"period", 128, 0, kMaxSlots, true, "decode steps between compressions; 0 is prefill only"}},
+       {"window"},
+       {"kernel"}},
       {"rkv",
        "R-KV: importance from the last queries minus key redundancy, every `period` steps",
        {budget_param(),
         {"period", 128, 1, kMaxSlots, true, "decode steps between compressions"},
         {"window", 8, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
         {"kernel", 7, 1, 63, true, "max-pooling kernel (odd)"},
-        {"lambda", 0.1, 0, 1, false, "weight of importance against redundancy"}}},
+        {"lambda", 0.1, 0, 1, false, "weight of importance against redundancy"}},
+       {"window"},
+       {"kernel"}},
       {"raas",
        "RaaS: timestamps refreshed by attention >= alpha, the oldest evicted, prompt kept",
-       {budget_param(), {"alpha", 1e-4, 0, 1, false, "attention probability that refreshes a timestamp"}}},
+       {budget_param(), {"alpha", 1e-4, 0, 1, false, "attention probability that refreshes a timestamp"}}, {}, {}},
       {"caote",
        "CAOTE: per KV head, a recent window plus the slots whose eviction would move the current attention output most",
-       {budget_param(), {"recent", 32, 0, kMaxSlots, true, "recent slots always kept (0: none, the paper's criterion alone)"}}},
+       {budget_param(), {"recent", 32, 0, kMaxSlots, true, "recent slots always kept (0: none, the paper's criterion alone)"}},
+       {"recent"}, {}},
       {"obcache",
        "OBCache: per KV head, a recent window plus the slots whose pruning moves the attention outputs most, "
        "accumulated over queries",
@@ -116,7 +127,8 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"recent", 32, 0, kMaxSlots, true, "recent slots always kept; also the prompt queries scored (0: none kept, last query scored)"},
         {"accumulate", 1, 0, 1, true,
          "1: sum over queries (the prompt's last max(recent, 1), then every decode query), as H2O; "
-         "0: the current query only, as TOVA"}}},
+         "0: the current query only, as TOVA"}},
+       {"recent"}, {}},
   };
   return catalog;
 }
@@ -178,12 +190,7 @@ PolicyConfig make_policy_config(const std::string& name, const std::map<std::str
     }
     c.params[key] = v;
   }
-  if (c.name == "snapkv" || c.name == "rkv") {
-    if (int(c.get("kernel")) % 2 == 0) {
-      throw Error(ErrorCode::kInvalidArgument, "policy " + name + ": kernel must be odd");
-    }
-  }
-  check_cross_rules(c);
+  check_cross_rules(info, c);
   return c;
 }
 

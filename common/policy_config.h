@@ -1,7 +1,11 @@
 // Eviction policies by name, with typed, validated parameters. The catalog is
-// the one list of policies and their parameters: the CLI, the API and trace
-// replay all build a PolicyConfig through it, so an unknown name or a bad
-// value gets the same clear error everywhere.
+// the one list of policies, their parameters and the rules between them: the
+// CLI, the API and trace replay all build a PolicyConfig through it, so an
+// unknown name or a bad value gets the same clear error everywhere. It lives
+// in common so that the coordinator validates requests without the engine;
+// the engine's factories (worker/policy/policy.cc) are keyed by the same
+// names, and a test holds the two lists equal. A new policy is its file, a
+// row here and its factory's row there.
 #pragma once
 
 #include <map>
@@ -25,6 +29,9 @@ struct PolicyInfo {
   std::string name;
   std::string summary;
   std::vector<PolicyParam> params;
+  // Rules between values, beyond each parameter's range:
+  std::vector<std::string> below_budget;  // parameters that must be smaller than budget
+  std::vector<std::string> odd;           // parameters that must be odd (pooling kernels)
 };
 
 // Every policy lazykv offers, in documentation order.
