@@ -1,5 +1,6 @@
 #include "coordinator/api/openai_request.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -135,6 +136,7 @@ constexpr NumberRange kPenaltyRange{-2, 2};
 constexpr NumberRange kRepetitionPenaltyRange{0, 100, true};
 constexpr NumberRange kLogitBiasRange{-100, 100};
 constexpr size_t kMaxLogitBiasEntries = 1024;
+constexpr size_t kMaxTools = 128;
 
 // What is known about the request while its fields are read; the rules that
 // involve several fields are checked once all are in.
@@ -150,6 +152,7 @@ struct ParseState {
   std::optional<int32_t> max_completion_tokens;
   std::optional<int64_t> best_of;
   bool has_top_logprobs = false;
+  bool has_tool_choice = false;
 };
 
 int32_t parse_max_tokens(const Json& value, const std::string& field, const RequestLimits& limits) {
@@ -254,6 +257,135 @@ std::string parse_content(const Json& content, const std::string& field) {
   return text;
 }
 
+// tool_choice against tools, once both are read. OpenAI's default is
+// "auto" with tools and "none" without.
+void check_tool_choice(ParseState& s) {
+  ToolChoice& choice = s.request.tool_choice;
+  const bool has_tools = !s.request.tools.empty();
+  if (!s.has_tool_choice) choice.mode = has_tools ? ToolChoice::Mode::kAuto : ToolChoice::Mode::kNone;
+  if (choice.mode == ToolChoice::Mode::kAuto && !has_tools) choice.mode = ToolChoice::Mode::kNone;
+  if ((choice.mode == ToolChoice::Mode::kRequired || choice.mode == ToolChoice::Mode::kFunction) && !has_tools) {
+    throw invalid_request("'tool_choice' asks for a tool call but 'tools' is empty", "tool_choice");
+  }
+  if (choice.mode == ToolChoice::Mode::kFunction) {
+    const bool known = std::any_of(s.request.tools.begin(), s.request.tools.end(), [&](const Json& t) {
+      return t["function"]["name"] == choice.function;
+    });
+    if (!known) {
+      throw invalid_request("'tool_choice' names " + quote(choice.function) + ", which is not in 'tools'",
+                            "tool_choice");
+    }
+  }
+}
+
+// OpenAI's function names: letters, digits, '_' and '-', at most 64.
+bool valid_function_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+std::string function_name(const Json& fn, const std::string& field, const std::string& param) {
+  const auto name = fn.find("name");
+  if (name == fn.end() || name->is_null()) throw invalid_request("'" + field + ".name' is required", param);
+  const std::string& text = get_string(*name, field + ".name", param);
+  if (!valid_function_name(text)) {
+    throw invalid_request("'" + field + ".name' must be 1 to 64 letters, digits, '_' or '-', got " +
+                              quote(printable(text, kMaxFieldNameKept)),
+                          param);
+  }
+  return text;
+}
+
+// [{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}, ...]
+void parse_tools(ParseState& s, const Json& value) {
+  if (!value.is_array()) wrong_type("tools", "an array of tools", value, "tools");
+  if (value.size() > kMaxTools) {
+    throw invalid_request("'tools' has " + std::to_string(value.size()) + " tools; at most " +
+                              std::to_string(kMaxTools) + " are allowed",
+                          "tools");
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string field = "tools[" + std::to_string(i) + "]";
+    const Json& tool = value[i];
+    if (!tool.is_object()) wrong_type(field, "an object", tool, "tools");
+    const auto type = tool.find("type");
+    if (type == tool.end()) throw invalid_request("'" + field + ".type' is required", "tools");
+    const std::string& kind = get_string(*type, field + ".type", "tools");
+    if (kind != "function") not_supported("Tools of type " + quote(kind) + " (only \"function\")", "tools");
+    const auto fn = tool.find("function");
+    if (fn == tool.end() || !fn->is_object()) {
+      throw invalid_request("'" + field + ".function' must be an object", "tools");
+    }
+    const std::string name = function_name(*fn, field + ".function", "tools");
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      throw invalid_request("'tools' names the function " + quote(name) + " twice", "tools");
+    }
+    names.push_back(name);
+    const auto description = fn->find("description");
+    if (description != fn->end() && !description->is_null()) {
+      get_string(*description, field + ".function.description", "tools");
+    }
+    const auto parameters = fn->find("parameters");
+    if (parameters != fn->end() && !parameters->is_null() && !parameters->is_object()) {
+      wrong_type(field + ".function.parameters", "a JSON Schema object", *parameters, "tools");
+    }
+    s.request.tools.push_back(tool);
+  }
+}
+
+// "none", "auto", "required", or {"type": "function", "function": {"name": ...}}.
+void parse_tool_choice(ParseState& s, const Json& value) {
+  ToolChoice& choice = s.request.tool_choice;
+  s.has_tool_choice = true;
+  if (value.is_string()) {
+    const std::string& mode = value.get_ref<const std::string&>();
+    if (mode == "none") {
+      choice.mode = ToolChoice::Mode::kNone;
+    } else if (mode == "auto") {
+      choice.mode = ToolChoice::Mode::kAuto;
+    } else if (mode == "required") {
+      choice.mode = ToolChoice::Mode::kRequired;
+    } else {
+      throw invalid_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a function, got " +
+                                quote(printable(mode, kMaxFieldNameKept)),
+                            "tool_choice");
+    }
+    return;
+  }
+  if (!value.is_object()) wrong_type("tool_choice", "a string or an object", value, "tool_choice");
+  const auto fn = value.find("function");
+  if (fn == value.end() || !fn->is_object()) {
+    throw invalid_request("'tool_choice.function' must be an object with a 'name'", "tool_choice");
+  }
+  choice.mode = ToolChoice::Mode::kFunction;
+  choice.function = function_name(*fn, "tool_choice.function", "tool_choice");
+}
+
+// An assistant turn's [{"id", "type": "function", "function": {"name", "arguments"}}, ...].
+std::vector<ToolCall> parse_tool_calls(const Json& value, const std::string& field) {
+  if (!value.is_array()) wrong_type(field, "an array of tool calls", value, field);
+  std::vector<ToolCall> calls;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    const Json& c = value[i];
+    if (!c.is_object()) wrong_type(at, "an object", c, field);
+    ToolCall call;
+    const auto id = c.find("id");
+    if (id != c.end() && !id->is_null()) call.id = get_string(*id, at + ".id", field);
+    const auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object()) throw invalid_request("'" + at + ".function' must be an object", field);
+    call.name = function_name(*fn, at + ".function", field);
+    const auto arguments = fn->find("arguments");
+    if (arguments != fn->end() && !arguments->is_null()) {
+      call.arguments = get_string(*arguments, at + ".function.arguments", field);
+    }
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
 void parse_messages(ParseState& s, const Json& value) {
   if (value.is_null()) throw invalid_request("'messages' is required", "messages");
   if (!value.is_array()) wrong_type("messages", "an array of messages", value, "messages");
@@ -271,15 +403,24 @@ void parse_messages(ParseState& s, const Json& value) {
                                 "'tool', got " + quote(role),
                             field + ".role");
     }
-    for (const char* calls : {"tool_calls", "function_call"}) {
-      const auto it = m.find(calls);
-      if (it != m.end() && !it->is_null() && !(it->is_array() && it->empty())) {
-        not_supported("'" + field + "." + calls + "' (tool calling)", field + "." + calls);
-      }
+    const auto legacy_call = m.find("function_call");
+    if (legacy_call != m.end() && !legacy_call->is_null()) {
+      not_supported("'" + field + ".function_call' (use tool_calls)", field + ".function_call");
     }
     const std::string content_field = field + ".content";
     const auto content = m.find("content");
     ChatMessage message;
+    const auto calls = m.find("tool_calls");
+    if (calls != m.end() && !calls->is_null() && !(calls->is_array() && calls->empty())) {
+      if (role != "assistant") {
+        throw invalid_request("only assistant messages have 'tool_calls'", field + ".tool_calls");
+      }
+      message.tool_calls = parse_tool_calls(*calls, field + ".tool_calls");
+    }
+    const auto call_id = m.find("tool_call_id");
+    if (call_id != m.end() && !call_id->is_null()) {
+      message.tool_call_id = get_string(*call_id, field + ".tool_call_id", field + ".tool_call_id");
+    }
     message.role = std::move(role);
     if (content == m.end() || content->is_null()) {
       // An assistant turn may be empty (OpenAI allows null content there).
@@ -474,19 +615,21 @@ const FieldRule kRules[] = {
      [](ParseState& s, const Json& v) {
        s.request.min_tokens = int32_t(get_integer_in(v, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
      }},
-    // Tool calling: an empty list and "none" ask for nothing, so they pass.
-    {"tools", Scope::kBoth, true,
+    {"tools", Scope::kChat, true, parse_tools},
+    {"tool_choice", Scope::kChat, true, parse_tool_choice},
+    // Completions have no tools: an empty list and "none" ask for nothing, so they pass.
+    {"tools", Scope::kCompletions, true,
      [](ParseState&, const Json& v) {
-       if (!(v.is_array() && v.empty())) not_supported("'tools' (tool calling)", "tools");
+       if (!(v.is_array() && v.empty())) not_supported("'tools' with /v1/completions (use chat)", "tools");
      }},
     {"functions", Scope::kBoth, true,
      [](ParseState&, const Json& v) {
        if (!(v.is_array() && v.empty())) not_supported("'functions' (function calling)", "functions");
      }},
-    {"tool_choice", Scope::kBoth, true,
+    {"tool_choice", Scope::kCompletions, true,
      [](ParseState&, const Json& v) {
        if (!(v.is_string() && v.get_ref<const std::string&>() == "none")) {
-         not_supported("'tool_choice' (tool calling)", "tool_choice");
+         not_supported("'tool_choice' with /v1/completions (use chat)", "tool_choice");
        }
      }},
     {"function_call", Scope::kBoth, true,
@@ -630,6 +773,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
   if (s.request.echo && s.request.logprobs) {
     not_supported("'echo' together with 'logprobs' (log-probabilities of the prompt)", "echo");
   }
+  check_tool_choice(s);
   if (s.request.max_tokens && s.request.min_tokens > *s.request.max_tokens) {
     throw invalid_request("'min_tokens' (" + std::to_string(s.request.min_tokens) + ") must not exceed 'max_tokens' (" +
                               std::to_string(*s.request.max_tokens) + ")",

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/policy_config.h"
 #include "coordinator/chat/chat_template.h"
 
@@ -48,11 +50,20 @@ struct RequestLimits {
   int max_stop = 4;            // stop strings (OpenAI allows 4)
 };
 
+// Whether and which tool the reply calls (chat).
+struct ToolChoice {
+  enum class Mode { kNone, kAuto, kRequired, kFunction };
+  Mode mode = Mode::kNone;  // OpenAI's default: kAuto when tools are given
+  std::string function;     // kFunction: its name, one of the tools
+};
+
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                   // required, non-empty
   std::vector<Prompt> prompts;         // completions: >= 1 (a string, strings, ids, or lists of ids)
   std::vector<ChatMessage> messages;   // chat: >= 1; content given as a string or as text parts
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // chat: function tools as given, validated
+  ToolChoice tool_choice;
   std::optional<int32_t> max_tokens;   // max_tokens (chat also max_completion_tokens); unset: up to the context
   float temperature = 1.0f;            // [0, 2]
   float top_p = 1.0f;                  // (0, 1]
@@ -87,7 +98,7 @@ struct GenerationRequest {
 // string, missing or mistyped fields, values out of range, empty prompts or
 // messages, min_tokens above max_tokens, and features lazykv does not
 // implement when they would change the output (echo together with logprobs,
-// best_of != n, tools/functions, response_format other than text). Unknown
+// best_of != n, functions, response_format other than text). Unknown
 // fields are not errors: they are listed in ignored_fields.
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits);
 

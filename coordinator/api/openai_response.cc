@@ -92,6 +92,20 @@ Json logprobs_json(Endpoint endpoint, bool has_logprobs, const std::vector<Token
   return endpoint == Endpoint::kChatCompletions ? chat_logprobs(logprobs) : completion_logprobs(logprobs);
 }
 
+// OpenAI's tool_calls entries; streamed ones carry their index.
+Json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  Json out = Json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    Json call = Json::object();
+    if (with_index) call["index"] = k;
+    call["id"] = calls[k].id;
+    call["type"] = "function";
+    call["function"] = Json{{"name", calls[k].name}, {"arguments", utf8::repair(calls[k].arguments)}};
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 Json finish_reason_json(const std::string& reason) { return reason.empty() ? Json(nullptr) : Json(reason); }
 
 Json usage_json(const Usage& usage) {
@@ -139,7 +153,8 @@ std::string completion_body(Endpoint endpoint, const ResponseMeta& meta, const s
     if (chat) {
       Json message = Json::object();
       message["role"] = "assistant";
-      message["content"] = c.text;
+      message["content"] = c.tool_calls.empty() || !c.text.empty() ? Json(c.text) : Json(nullptr);
+      if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c.tool_calls, false);
       if (c.reasoning) message["reasoning_content"] = c.reasoning->empty() ? Json(nullptr) : Json(*c.reasoning);
       message["refusal"] = nullptr;
       choice["message"] = std::move(message);
@@ -167,10 +182,11 @@ std::string chunk_body(Endpoint endpoint, const ResponseMeta& meta, const ChunkD
     if (delta.first_of_choice) {
       d["role"] = "assistant";
       d["content"] = delta.text;
-    } else if (!delta.text.empty() || (!delta.finish_reason && delta.reasoning.empty())) {
+    } else if (!delta.text.empty() || (!delta.finish_reason && delta.reasoning.empty() && delta.tool_calls.empty())) {
       d["content"] = delta.text;
     }
     if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
+    if (!delta.tool_calls.empty()) d["tool_calls"] = tool_calls_json(delta.tool_calls, true);
     // else: the closing chunk of a choice, an empty delta with the reason.
     choice["delta"] = std::move(d);
   } else {

@@ -35,6 +35,7 @@ struct Choice {
   int index = 0;
   std::string text;               // the generated text (chat: the assistant message content)
   std::optional<std::string> reasoning;  // chat with a reasoning parser: reasoning_content (null when empty)
+  std::vector<ToolCall> tool_calls;      // chat: message.tool_calls (content null when empty)
   std::string finish_reason;      // "stop" or "length"
   std::vector<TokenLogprob> logprobs;
   bool has_logprobs = false;      // the request asked for logprobs
@@ -59,6 +60,7 @@ struct ChunkDelta {
   int index = 0;
   std::string text;
   std::string reasoning;  // chat: delta.reasoning_content when not empty
+  std::vector<ToolCall> tool_calls;  // chat: delta.tool_calls, each whole (index = its place in the choice)
   bool first_of_choice = false;
   std::optional<std::string> finish_reason;
   std::vector<TokenLogprob> logprobs;

@@ -12,9 +12,18 @@
 
 namespace lazykv {
 
+// A function call an assistant turn made (OpenAI's tool_calls entry).
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text, as the API carries it
+};
+
 struct ChatMessage {
   std::string role;
   std::string content;
+  std::vector<ToolCall> tool_calls = {};  // assistant turns that called tools
+  std::string tool_call_id = {};          // tool turns: the call this is the result of
 };
 
 class ChatTemplate {
@@ -34,9 +43,13 @@ class ChatTemplate {
   // callers that parsed request JSON should pass ordered_json to match.
   std::string render(const nlohmann::ordered_json& context) const;
 
-  // The common case.
+  // The common case. Tool calls reach the template as transformers passes
+  // them: {"id", "type": "function", "function": {"name", "arguments"}} with
+  // the arguments parsed into an object (a string when they do not parse);
+  // `tools` (OpenAI's array of function tools) is set only when not empty.
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                     const std::string& bos_token = "", const std::string& eos_token = "") const;
+                     const std::string& bos_token = "", const std::string& eos_token = "",
+                     const nlohmann::ordered_json& tools = nlohmann::ordered_json::array()) const;
 
  private:
   struct Impl;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "coordinator/chat/marker_prefix.h"
 
 namespace lazykv {
 
@@ -16,14 +17,6 @@ bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; 
 size_t first_non_space(std::string_view s) {
   const auto it = std::find_if_not(s.begin(), s.end(), is_space);
   return size_t(it - s.begin());
-}
-
-// The longest end of `text` that `marker` starts with (shorter than the marker).
-size_t marker_prefix_at_end(std::string_view text, std::string_view marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
-    if (marker.starts_with(text.substr(text.size() - n))) return n;
-  }
-  return 0;
 }
 
 }  // namespace

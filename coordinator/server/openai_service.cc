@@ -8,9 +8,10 @@
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
 #include "common/random.h"
-#include "coordinator/api/openai_response.h"
-#include "coordinator/server/sequence_builder.h"
 #include "common/utf8.h"
+#include "coordinator/api/openai_response.h"
+#include "coordinator/chat/reply_text.h"
+#include "coordinator/server/sequence_builder.h"
 
 namespace lazykv {
 namespace {
@@ -28,6 +29,30 @@ std::string response_id(api::Endpoint endpoint) {
   std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(random_u64()),
                 static_cast<unsigned long long>(random_u64()));
   return (endpoint == api::Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + std::string(hex, 24);
+}
+
+std::string tool_call_id() {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(random_u64()));
+  return "call_" + std::string(hex);
+}
+
+// The reply's opening that the prompt writes when the request requires a
+// call (of one function, or any): the model then only completes the call.
+// Its arguments are not yet held to the function's schema.
+std::string forced_tool_call(ToolCallFormat format, const api::ToolChoice& choice) {
+  using Mode = api::ToolChoice::Mode;
+  if (choice.mode != Mode::kRequired && choice.mode != Mode::kFunction) return "";
+  const std::string name = choice.mode == Mode::kFunction ? choice.function + "\", " : "";
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "<tool_call>\n{\"name\": \"" + name + (name.empty() ? "" : "\"arguments\": ");
+    case ToolCallFormat::kLlama3:
+      return "{\"name\": \"" + name + (name.empty() ? "" : "\"parameters\": ");
+    case ToolCallFormat::kNone:
+      break;
+  }
+  return "";
 }
 
 int64_t unix_now() {
@@ -227,12 +252,23 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
   std::vector<SequenceHandle> handles;
   KeyLimiter::Slot slot;
   bool prompt_opens_block = false;  // chat: the template opened the thinking block
+  ToolCallFormat tool_format = ToolCallFormat::kNone;  // chat with tools offered: how calls are read back
+  std::string forced_call;  // tool_choice required or a function: the reply's opening, written by the prompt
   try {
     const std::string key = authenticate(request);
     if (config_.key_limiter) slot = config_.key_limiter->acquire(key);
     r = api::parse_generation_request(endpoint, request.body, config_.limits);
     log_ignored_fields(r.ignored_fields);
     config_.check_model(r.model);
+    if (r.tool_choice.mode != api::ToolChoice::Mode::kNone) {
+      tool_format = tool_call_format_of_template(tokenizer_.spec().chat_template);
+      if (tool_format == ToolCallFormat::kNone) {
+        throw api::invalid_request("This model's chat template teaches no tool-call format lazykv reads (<tool_call> "
+                                   "as Qwen2.5 and Hermes, or Llama 3's JSON); send tool_choice \"none\" or no tools",
+                                   "tools");
+      }
+      forced_call = forced_tool_call(tool_format, r.tool_choice);
+    }
 
     const size_t n_prompts = chat ? 1 : r.prompts.size();
     try {
@@ -243,7 +279,11 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     const int32_t n_ctx = scheduler_.worker_info().n_ctx;
     std::vector<SequenceRequest> sequences;
     for (size_t p = 0; p < n_prompts; ++p) {
-      const std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
+      std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
+      if (!forced_call.empty()) {
+        const std::vector<int32_t> opening = tokenizer_.encode(forced_call, false);
+        prompt.insert(prompt.end(), opening.begin(), opening.end());
+      }
       if (chat && reasoning_ != ReasoningFormat::kNone) {
         const size_t tail = std::min<size_t>(prompt.size(), 8);
         prompt_opens_block = prompt_opens_thinking(tokenizer_.decode(std::span(prompt).last(tail)));
@@ -283,15 +323,13 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
   std::vector<int64_t> prompt_counted(handles.size(), 0);
   std::optional<api::ApiError> failure;
   std::vector<int32_t> text_offset(handles.size(), 0);
-  // Chat text goes through a splitter per choice (a pass-through without a reasoning format).
-  std::vector<ReasoningSplitter> splitters;
+  // Each choice's text splits into reasoning, content and tool calls (a
+  // pass-through for completions).
+  std::vector<ReplyText> replies;
   const bool reasoning = chat && reasoning_ != ReasoningFormat::kNone;
   if (reasoning) usage.reasoning_tokens = 0;
-  const auto split = [&](size_t i, const std::string& text) {
-    return chat ? splitters[i].push(text) : ReasoningPiece{"", text};
-  };
   for (size_t i = 0; i < choices.size(); ++i) {
-    if (chat) splitters.emplace_back(reasoning_, prompt_opens_block);
+    replies.emplace_back(chat ? reasoning_ : ReasoningFormat::kNone, prompt_opens_block, tool_format, forced_call);
     if (reasoning) choices[i].reasoning = "";
     choices[i].index = int(i);
     choices[i].has_logprobs = r.logprobs;
@@ -344,9 +382,9 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         api::TokenLogprob lp = to_api(e.token, text_offset[i]);
         if (!tokenizer_.is_special(e.token.id)) text_offset[i] += int32_t(utf8::count_code_points(e.token.bytes));
         if (r.logprobs) choice.logprobs.push_back(lp);
-        const bool was_thinking = chat && splitters[i].thinking();
-        ReasoningPiece piece = split(i, e.text);
-        if (reasoning && (was_thinking || splitters[i].thinking())) {
+        const bool was_thinking = replies[i].thinking();
+        ReplyPiece piece = replies[i].push(e.text);
+        if (reasoning && (was_thinking || replies[i].thinking())) {
           ++*usage.reasoning_tokens;
           metrics_.counter(metrics::kReasoningTokens).inc();
         }
@@ -376,28 +414,27 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         }
         continue;
       }
-      ReasoningPiece rest = split(i, e.text);
-      if (chat) {
-        ReasoningPiece held = splitters[i].flush();
-        rest.content += held.content;
-        rest.reasoning += held.reasoning;
-      }
+      ReplyPiece rest = replies[i].finish(e.text);
+      for (ToolCall& call : rest.calls) call.id = tool_call_id();
       choice.text += rest.content;
       if (choice.reasoning) *choice.reasoning += rest.reasoning;
-      choice.finish_reason = e.finish_reason;
+      choice.tool_calls = rest.calls;
+      // As OpenAI: a reply that called tools ends with "tool_calls".
+      choice.finish_reason = rest.calls.empty() || e.finish_reason != "stop" ? e.finish_reason : "tool_calls";
       if (streaming) {
         api::ChunkDelta last;
         last.index = int(i);
-        if (chat && (!rest.content.empty() || !rest.reasoning.empty())) {
+        if (chat && (!rest.content.empty() || !rest.reasoning.empty() || !rest.calls.empty())) {
           last.text = std::move(rest.content);
           last.reasoning = std::move(rest.reasoning);
+          last.tool_calls = std::move(rest.calls);
           write(api::chunk_body(endpoint, meta, last, r.include_usage));
-          last.text.clear();
-          last.reasoning.clear();
+          last = api::ChunkDelta{};
+          last.index = int(i);
         } else {
           last.text = std::move(rest.content);
         }
-        last.finish_reason = e.finish_reason;
+        last.finish_reason = choice.finish_reason;
         write(api::chunk_body(endpoint, meta, last, r.include_usage));
       }
     }

@@ -77,15 +77,38 @@ std::string PromptEncoder::mark_control_text(const std::string& content) const {
   return out;
 }
 
-std::vector<int32_t> PromptEncoder::encode_chat(const std::vector<ChatMessage>& messages) const {
+nlohmann::ordered_json PromptEncoder::mark_control_text(const nlohmann::ordered_json& value) const {
+  if (value.is_string()) return mark_control_text(value.get_ref<const std::string&>());
+  if (value.is_array()) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& item : value) out.push_back(mark_control_text(item));
+    return out;
+  }
+  if (value.is_object()) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::object();
+    for (const auto& [key, item] : value.items()) out[mark_control_text(key)] = mark_control_text(item);
+    return out;
+  }
+  return value;
+}
+
+std::vector<int32_t> PromptEncoder::encode_chat(const std::vector<ChatMessage>& messages,
+                                                const nlohmann::ordered_json& tools) const {
   if (!chat_) throw Error(ErrorCode::kInvalidArgument, "the model has no chat template");
   // The template's own text may hold control tokens ("<|im_start|>"); a
   // message's may not, or a user could write turns of other roles. So the
   // messages' control texts are rendered as marks, and each becomes the
   // plain-text tokens of what it stands for.
   std::vector<ChatMessage> marked = messages;
-  for (ChatMessage& m : marked) m.content = mark_control_text(m.content);
-  const std::string rendered = chat_->render(marked, true, bos_text_, eos_text_);
+  for (ChatMessage& m : marked) {
+    m.content = mark_control_text(m.content);
+    m.tool_call_id = mark_control_text(m.tool_call_id);
+    for (ToolCall& call : m.tool_calls) {
+      call.id = mark_control_text(call.id);
+      call.arguments = mark_control_text(call.arguments);  // names are [A-Za-z0-9_-]
+    }
+  }
+  const std::string rendered = chat_->render(marked, true, bos_text_, eos_text_, mark_control_text(tools));
   const std::string_view text = rendered;
   std::vector<int32_t> ids;
   size_t pos = 0;

@@ -23,14 +23,18 @@ class PromptEncoder {
 
   bool has_chat_template() const { return chat_.has_value(); }
   std::vector<int32_t> encode_text(const std::string& text) const;
-  // Rendered with add_generation_prompt. Throws Error(kInvalidArgument) when
-  // the model has no chat template or the template rejects the messages.
-  std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages) const;
+  // Rendered with add_generation_prompt (and `tools`, OpenAI's array of
+  // function tools, when not empty). Throws Error(kInvalidArgument) when the
+  // model has no chat template or the template rejects the messages.
+  std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages,
+                                   const nlohmann::ordered_json& tools = nlohmann::ordered_json::array()) const;
 
  private:
   std::vector<int32_t> with_bos(std::vector<int32_t> ids) const;
   // `content` with every text of message_marks_ replaced by its mark.
   std::string mark_control_text(const std::string& content) const;
+  // Every string (keys too) of `value` marked.
+  nlohmann::ordered_json mark_control_text(const nlohmann::ordered_json& value) const;
 
   const Tokenizer& tokenizer_;
   std::optional<ChatTemplate> chat_;

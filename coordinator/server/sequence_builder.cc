@@ -16,7 +16,11 @@ std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const T
     }
   }
   try {
-    if (chat) return encoder.encode_chat(request.messages);
+    if (chat) {
+      // tool_choice "none": the model is not told of the tools (as vLLM).
+      const bool offer_tools = request.tool_choice.mode != api::ToolChoice::Mode::kNone;
+      return encoder.encode_chat(request.messages, offer_tools ? request.tools : nlohmann::ordered_json::array());
+    }
     const api::Prompt& p = request.prompts.at(index);
     if (!p.is_tokens) return encoder.encode_text(p.text);
     for (int32_t id : p.tokens) {

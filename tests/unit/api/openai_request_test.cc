@@ -278,6 +278,39 @@ TEST(OpenAiRequest, TokenizeAndDetokenizeBodies) {
   }
 }
 
+TEST(OpenAiRequest, ToolsToolChoiceAndToolTurns) {
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","description":"d",)"
+                            R"("parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])";
+  GenerationRequest r = parse(kChat, chat(tools));
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tools[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(r.tool_choice.mode, ToolChoice::Mode::kAuto);  // OpenAI's default with tools
+  EXPECT_EQ(parse(kChat, chat()).tool_choice.mode, ToolChoice::Mode::kNone);
+  EXPECT_EQ(parse(kChat, chat(R"("tool_choice":"auto")")).tool_choice.mode, ToolChoice::Mode::kNone);  // no tools
+  EXPECT_EQ(parse(kChat, chat(tools + R"(,"tool_choice":"required")")).tool_choice.mode, ToolChoice::Mode::kRequired);
+  r = parse(kChat, chat(tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"));
+  EXPECT_EQ(r.tool_choice.mode, ToolChoice::Mode::kFunction);
+  EXPECT_EQ(r.tool_choice.function, "get_weather");
+
+  r = parse(kChat, R"({"model":"m","messages":[{"role":"user","content":"hi"},)"
+                   R"({"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",)"
+                   R"("function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},)"
+                   R"({"role":"tool","tool_call_id":"call_1","content":"21 C"}]})");
+  ASSERT_EQ(r.messages.size(), 3u);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].id, "call_1");
+  EXPECT_EQ(r.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.messages[1].tool_calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(r.messages[2].tool_call_id, "call_1");
+  EXPECT_EQ(r.messages[2].content, "21 C");
+  for (const char* bad : {R"({"role":"user","content":"x","tool_calls":[{"function":{"name":"f"}}]})",
+                          R"({"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]})",
+                          R"({"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":{}}}]})",
+                          R"({"role":"assistant","function_call":{"name":"f"}})"}) {
+    EXPECT_THROW(parse(kChat, std::string(R"({"model":"m","messages":[)") + bad + "]}"), ApiError) << bad;
+  }
+}
+
 TEST(OpenAiRequest, NullMeansUnset) {
   const GenerationRequest r = parse(
       kComp, comp(R"("max_tokens":null,"temperature":null,"top_p":null,"seed":null,"n":null,"stream":null,)"
@@ -420,7 +453,7 @@ TEST(OpenAiRequest, EveryRejectionIs400WithParamAndMessage) {
       {kChat, R"({"model":"m","messages":[{"role":"user","content":["a"]}]})", "messages[0].content",
        "'messages[0].content[0]' must be an object"},
       {kChat, R"({"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]})",
-       "messages[0].tool_calls", "not supported"},
+       "messages[0].tool_calls", "'messages[0].tool_calls[0].function' must be an object"},
       // max_tokens
       {kComp, comp(R"("max_tokens":0)"), "max_tokens", "'max_tokens' must be at least 1"},
       {kChat, chat(R"("max_tokens":-5)"), "max_tokens", "'max_tokens' must be at least 1"},
@@ -487,9 +520,25 @@ TEST(OpenAiRequest, EveryRejectionIs400WithParamAndMessage) {
        "'min_tokens' (9) must not exceed 'max_tokens' (8)"},
       {kChat, chat(R"("min_tokens":9,"max_completion_tokens":8)"), "min_tokens", "must not exceed"},
       // unsupported features
-      {kChat, chat(R"("tools":[{"type":"function","function":{"name":"f"}}])"), "tools", "not supported"},
+      {kComp, comp(R"("tools":[{"type":"function","function":{"name":"f"}}])"), "tools", "use chat"},
+      {kChat, chat(R"("tools":{})"), "tools", "'tools' must be an array of tools"},
+      {kChat, chat(R"("tools":[{"type":"retrieval"}])"), "tools", "Tools of type 'retrieval'"},
+      {kChat, chat(R"("tools":[{"type":"function"}])"), "tools", "'tools[0].function' must be an object"},
+      {kChat, chat(R"("tools":[{"type":"function","function":{"name":"a b"}}])"), "tools", "letters, digits"},
+      {kChat, chat(R"("tools":[{"type":"function","function":{"name":"f","parameters":3}}])"), "tools",
+       "'tools[0].function.parameters' must be a JSON Schema object"},
+      {kChat,
+       chat(R"("tools":[{"type":"function","function":{"name":"f"}},)"
+            R"({"type":"function","function":{"name":"f"}}])"),
+       "tools", "twice"},
+      {kChat, chat(R"("tool_choice":"required")"), "tool_choice", "'tools' is empty"},
+      {kChat, chat(R"("tool_choice":"sometimes","tools":[{"type":"function","function":{"name":"f"}}])"),
+       "tool_choice", "'tool_choice' must be"},
+      {kChat,
+       chat(R"("tool_choice":{"type":"function","function":{"name":"g"}},)"
+            R"("tools":[{"type":"function","function":{"name":"f"}}])"),
+       "tool_choice", "not in 'tools'"},
       {kChat, chat(R"("functions":[{"name":"f"}])"), "functions", "not supported"},
-      {kChat, chat(R"("tool_choice":"auto")"), "tool_choice", "not supported"},
       {kChat, chat(R"("function_call":{"name":"f"})"), "function_call", "not supported"},
       {kChat, chat(R"("response_format":{"type":"json_object"})"), "response_format", "'json_object'"},
       {kChat, chat(R"("response_format":{"type":"json_schema","json_schema":{}})"), "response_format",

@@ -109,6 +109,25 @@ TEST(OpenAiResponse, ChatBodyWithReasoning) {
   EXPECT_EQ(Json::parse(chunk_body(kChat, kMeta, d, false))["choices"][0]["delta"], (Json{{"content", "ok"}}));
 }
 
+TEST(OpenAiResponse, ToolCallsWholeAndStreamed) {
+  Choice c = simple_choice(0, "", "tool_calls");
+  c.tool_calls = {{"call_1", "get_weather", R"({"city":"Paris"})"}, {"call_2", "get_time", "{}"}};
+  const Json message = Json::parse(completion_body(kChat, kMeta, {c}, {3, 9, {}}))["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());  // as OpenAI, when the reply only calls tools
+  EXPECT_EQ(message["tool_calls"][1], (Json{{"id", "call_2"}, {"type", "function"},
+                                            {"function", {{"name", "get_time"}, {"arguments", "{}"}}}}));
+  c.text = "Checking.";
+  EXPECT_EQ(Json::parse(completion_body(kChat, kMeta, {c}, {3, 9, {}}))["choices"][0]["message"]["content"],
+            "Checking.");
+  ChunkDelta d;
+  d.tool_calls = c.tool_calls;
+  const Json delta = Json::parse(chunk_body(kChat, kMeta, d, false))["choices"][0]["delta"];
+  EXPECT_FALSE(delta.contains("content"));
+  ASSERT_EQ(delta["tool_calls"].size(), 2u);
+  EXPECT_EQ(delta["tool_calls"][1]["index"], 1);
+  EXPECT_EQ(delta["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+}
+
 TEST(OpenAiResponse, CompletionLogprobsWithASplitCharacter) {
   Choice c = simple_choice(0, "\xC3\xA9!", "stop");
   c.has_logprobs = true;

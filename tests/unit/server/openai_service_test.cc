@@ -398,6 +398,23 @@ TEST_F(OpenAiServiceTest, AReplyInsideAThinkingBlockIsReasoningContent) {
   EXPECT_EQ(content, "");
 }
 
+TEST_F(OpenAiServiceTest, ToolsNeedATemplateThatTeachesACallFormat) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  const std::string messages = R"("messages": [{"role": "user", "content": "hi"}], "max_tokens": 1)";
+  // The tiny template has no tool-call format: offering tools is a clear 400 ...
+  RecordingWriter offered =
+      call("POST", "/v1/chat/completions", R"({"model": "tiny", )" + messages + ", " + tools + "}");
+  EXPECT_EQ(offered.status, 400);
+  EXPECT_EQ(json::parse(offered.body)["error"]["param"], "tools") << offered.body;
+  EXPECT_NE(offered.body.find("tool-call format"), std::string::npos) << offered.body;
+  // ... and tool_choice "none" does not offer them: the prompt is the one without tools.
+  RecordingWriter none = call("POST", "/v1/chat/completions",
+                              R"({"model": "tiny", )" + messages + ", " + tools + R"(, "tool_choice": "none"})");
+  ASSERT_EQ(none.status, 200) << none.body;
+  RecordingWriter plain = call("POST", "/v1/chat/completions", R"({"model": "tiny", )" + messages + "}");
+  EXPECT_EQ(json::parse(none.body)["usage"]["prompt_tokens"], json::parse(plain.body)["usage"]["prompt_tokens"]);
+}
+
 TEST_F(OpenAiServiceTest, AClientThatLeavesCancelsItsSequences) {
   RecordingWriter w;
   w.gone_after = 3;
