@@ -17,7 +17,12 @@ void SamplingParams::validate() const {
   if (!(min_p >= 0.0f && min_p <= 1.0f)) bad("min_p must be in [0, 1]");
   if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) bad("presence_penalty must be in [-2, 2]");
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) bad("frequency_penalty must be in [-2, 2]");
-  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) bad("repetition_penalty must be > 0 (1 = off)");
+  if (!(repetition_penalty >= 0.01f && repetition_penalty <= 100.0f)) {
+    bad("repetition_penalty must be in [0.01, 100] (1 = off)");
+  }
+  // The API's caps, held here too: a worker serves remote coordinators.
+  if (logit_bias.size() > kMaxLogitBias) bad("logit_bias has more than " + std::to_string(kMaxLogitBias) + " entries");
+  if (end_tokens.size() > kMaxEndTokens) bad("more than " + std::to_string(kMaxEndTokens) + " end tokens");
   for (const auto& [token, bias] : logit_bias) {
     if (token < 0) bad("logit_bias: token id " + std::to_string(token) + " is negative");
     if (!(bias >= -100.0f && bias <= 100.0f)) bad("logit_bias: the bias of token " + std::to_string(token) + " must be in [-100, 100]");

@@ -16,6 +16,9 @@
 namespace lazykv {
 
 struct SamplingParams {
+  static constexpr size_t kMaxLogitBias = 1024;
+  static constexpr size_t kMaxEndTokens = 1024;
+
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: off
   float top_p = 1.0f;        // 1: off

@@ -133,7 +133,8 @@ constexpr NumberRange kTemperatureRange{0, 2};
 constexpr NumberRange kTopPRange{0, 1, true};
 constexpr NumberRange kMinPRange{0, 1};
 constexpr NumberRange kPenaltyRange{-2, 2};
-constexpr NumberRange kRepetitionPenaltyRange{0, 100, true};
+// Below 0.01 a seen logit divided by it overflows float.
+constexpr NumberRange kRepetitionPenaltyRange{0.01, 100};
 constexpr NumberRange kLogitBiasRange{-100, 100};
 constexpr size_t kMaxLogitBiasEntries = 1024;
 constexpr size_t kMaxTools = 128;
@@ -505,6 +506,8 @@ void parse_logit_bias(ParseState& s, const Json& value) {
     if (!(b >= kLogitBiasRange.lo && b <= kLogitBiasRange.hi)) {
       throw invalid_request("'" + field + "' must be between -100 and 100, got " + format_number(b), "logit_bias");
     }
+    // "5" and "05" name one token: the later entry replaces it, as in a dict.
+    std::erase_if(s.request.logit_bias, [&](const auto& entry) { return entry.first == token; });
     s.request.logit_bias.emplace_back(token, float(b));
   }
 }

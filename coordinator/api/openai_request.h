@@ -72,7 +72,7 @@ struct GenerationRequest {
   bool ignore_eos = false;             // extension (as vLLM and llama.cpp): run on past end-of-generation to max_tokens
   float presence_penalty = 0.0f;       // [-2, 2]
   float frequency_penalty = 0.0f;      // [-2, 2]
-  float repetition_penalty = 1.0f;     // extension (as vLLM), (0, 100]; 1: off
+  float repetition_penalty = 1.0f;     // extension (as vLLM), [0.01, 100]; 1: off
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]), at most 1024
   int32_t min_tokens = 0;              // extension (as vLLM): no end-of-generation token before this many
   std::optional<uint64_t> seed;

@@ -48,6 +48,7 @@ for round in $(seq 1 "$max_rounds"); do
   check "round $round: $(json "$work/round.json" 'd["requests"]') requests, $(json "$work/round.json" 'd["errors"]') errors, $(json "$work/round.json" 'round(d["output_tokens_per_s"], 1)') tok/s" \
     test "$(json "$work/round.json" 'd["errors"] == 0 and d["requests"] >= d["concurrency"]')" = True
   rss=$(rss_kib) pool=$(pool_kib)
+  [[ $rss =~ ^[0-9]+$ && $pool =~ ^[0-9]+$ ]] || { echo "FAILED: no memory figures (rss '$rss', pool '$pool')" >&2; exit 1; }
   echo "after round $round: resident set $rss KiB, KV pool $pool KiB, outside the pool $((rss - pool)) KiB"
   if [ "$round" -gt 1 ] && [ "$pool" = "$last_pool" ]; then
     check "memory outside the KV pool is stable (round $round within 5% of round $((round - 1)))" \

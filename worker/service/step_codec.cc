@@ -108,7 +108,9 @@ SamplingParams from_proto(const pb::SamplingParams& in) {
   out.seed = in.seed();
   out.presence_penalty = in.presence_penalty();
   out.frequency_penalty = in.frequency_penalty();
-  out.repetition_penalty = in.repetition_penalty();
+  // proto3's 0 is "not sent" (a coordinator from before the field): off. A
+  // penalty must be > 0, so 0 means nothing else.
+  out.repetition_penalty = in.repetition_penalty() == 0.0f ? 1.0f : in.repetition_penalty();
   for (const auto& entry : in.logit_bias()) out.logit_bias.emplace_back(entry.token(), entry.bias());
   out.min_tokens = in.min_tokens();
   out.end_tokens.assign(in.end_tokens().begin(), in.end_tokens().end());

@@ -226,6 +226,9 @@ TEST(OpenAiRequest, LogitBiasEntryLimit) {
   }
   const std::string fits = bias.substr(0, bias.rfind(','));
   EXPECT_EQ(parse(kComp, comp(R"("logit_bias":{)" + fits + "}")).logit_bias.size(), 1024u);
+  // Two spellings of one id: the later one holds, as in a dict.
+  EXPECT_EQ(parse(kComp, comp(R"("logit_bias":{"5":-100,"05":100,"7":1})")).logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{5, 100.0f}, {7, 1.0f}}));
 }
 
 TEST(OpenAiRequest, TokenizeAndDetokenizeBodies) {
@@ -505,8 +508,9 @@ TEST(OpenAiRequest, EveryRejectionIs400WithParamAndMessage) {
       {kComp, comp(R"("presence_penalty":-2.5)"), "presence_penalty", "'presence_penalty' must be between -2 and 2"},
       {kComp, comp(R"("presence_penalty":"0")"), "presence_penalty", "must be a number"},
       {kComp, comp(R"("repetition_penalty":0)"), "repetition_penalty",
-       "'repetition_penalty' must be greater than 0 and at most 100, got 0"},
-      {kChat, chat(R"("repetition_penalty":101)"), "repetition_penalty", "at most 100"},
+       "'repetition_penalty' must be between 0.01 and 100, got 0"},
+      {kComp, comp(R"("repetition_penalty":1e-46)"), "repetition_penalty", "between 0.01 and 100"},
+      {kChat, chat(R"("repetition_penalty":101)"), "repetition_penalty", "between 0.01 and 100, got 101"},
       {kComp, comp(R"("logit_bias":[1])"), "logit_bias", "'logit_bias' must be an object"},
       {kComp, comp(R"("logit_bias":{"x1":1})"), "logit_bias", "keys must be token ids"},
       {kComp, comp(R"("logit_bias":{"-3":1})"), "logit_bias", "keys must be token ids"},

@@ -390,7 +390,7 @@ TEST_F(GrpcApiTest, NonFiniteNumbersAreRefusedAsTheHttpApiRefusesThem) {
       {[&](v1::GenerateRequest& r) { r.set_presence_penalty(nan); },
        "'presence_penalty' must be between -2 and 2, got nan"},
       {[&](v1::GenerateRequest& r) { r.set_repetition_penalty(inf); },
-       "'repetition_penalty' must be greater than 0 and at most 100, got inf"},
+       "'repetition_penalty' must be between 0.01 and 100, got inf"},
       {[&](v1::GenerateRequest& r) { (*r.mutable_logit_bias())[3] = nan; },
        "'logit_bias' must be between -100 and 100, got nan"},
       {[&](v1::GenerateRequest& r) { (*r.mutable_kv_policy()->mutable_params())["budget"] = inf; },
@@ -421,6 +421,15 @@ TEST_F(GrpcApiTest, PenaltiesLogitBiasAndMinTokensReachTheSampler) {
     ++tokens;
   }
   EXPECT_EQ(tokens, 5);
+  // min_tokens reaches the sampler: the end token, forced, waits for it.
+  v1::GenerateRequest held = prompt_request("abc", 8);
+  held.set_temperature(0);
+  (*held.mutable_logit_bias())[tokenizer_->spec().eog_ids.at(0)] = 100;
+  ASSERT_TRUE(generate(held).status.ok());
+  ASSERT_TRUE(generate(held).usage.has_value());
+  EXPECT_EQ(generate(held).usage->completion_tokens(), 1);
+  held.set_min_tokens(3);
+  EXPECT_EQ(generate(held).usage->completion_tokens(), 4);
   struct Case {
     std::function<void(v1::GenerateRequest&)> set;
     std::string message;
@@ -430,6 +439,8 @@ TEST_F(GrpcApiTest, PenaltiesLogitBiasAndMinTokensReachTheSampler) {
       {[](v1::GenerateRequest& r) { (*r.mutable_logit_bias())[1 << 30] = 1; }, "outside the vocabulary"},
       {[](v1::GenerateRequest& r) { r.set_min_tokens(5); }, "'min_tokens' (5) must not exceed 'max_tokens' (4)"},
       {[](v1::GenerateRequest& r) { r.set_frequency_penalty(-3); }, "'frequency_penalty' must be between -2 and 2"},
+      {[](v1::GenerateRequest& r) { r.set_presence_penalty(3); }, "'presence_penalty' must be between -2 and 2"},
+      {[](v1::GenerateRequest& r) { r.set_repetition_penalty(200); }, "'repetition_penalty' must be between 0.01"},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest request = prompt_request("abc", 4);

@@ -104,6 +104,11 @@ TEST(Sampler, RejectsInvalidParameters) {
   p = {};
   p.repetition_penalty = 0.0f;
   EXPECT_THROW(Sampler{p}, Error);
+  p.repetition_penalty = 1e-30f;  // would turn a seen logit into infinity
+  EXPECT_THROW(Sampler{p}, Error);
+  p = {};
+  p.logit_bias.assign(SamplingParams::kMaxLogitBias + 1, {1, 1.0f});
+  EXPECT_THROW(Sampler{p}, Error);
   p = {};
   p.logit_bias = {{3, 100.5f}};
   EXPECT_THROW(Sampler{p}, Error);
@@ -129,18 +134,17 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesFollowOpenAisFormula) {
   // lower index of a tie) -> 1.3; 3 (1.9).
   EXPECT_EQ(picks, (std::vector<int32_t>{1, 3, 2, 1, 3}));
 
-  p = {};
-  p.presence_penalty = -2.0f;  // negative: repeat what was said
-  Sampler repeat(p);
   const std::vector<float> logits = {2.0f, 2.5f, 0.0f};
-  EXPECT_EQ(repeat.sample(logits), 1);
-  p.presence_penalty = 0.0f;
+  p = {};
   p.frequency_penalty = 0.3f;  // 2.5 - 0.3 k falls below 2.0 once 1 was used twice
   Sampler often(p);
   EXPECT_EQ(often.sample(logits), 1);
   EXPECT_EQ(often.sample(logits), 1);
   EXPECT_EQ(often.sample(logits), 0);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(repeat.sample(logits), 1);
+  p.frequency_penalty = 1.0f;
+  p.presence_penalty = -2.0f;  // negative: outweighs the frequency penalty, 1 keeps being said
+  Sampler repeat(p);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(repeat.sample(logits), 1);  // 2.5 + 2 - k: above 2.0 up to k = 2
 }
 
 // Hugging Face's repetition penalty: a token in the prompt or the output has

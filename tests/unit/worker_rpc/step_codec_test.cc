@@ -76,6 +76,11 @@ TEST(StepCodec, PolicyAndSamplingRoundTrip) {
   EXPECT_EQ(s.top_k, 0);
   EXPECT_EQ(s.repetition_penalty, 1.0f);
   EXPECT_FALSE(s.adjusts_logits());
+  // A message without the field (proto3 reads 0, as from a coordinator that
+  // predates it) is a penalty that is off, not an invalid one.
+  rpc::pb::SamplingParams unset;
+  unset.set_temperature(0.5f);
+  EXPECT_EQ(rpc::from_proto(unset).repetition_penalty, 1.0f);
 }
 
 TEST(StepCodec, StepPlanRoundTrip) {
