@@ -264,9 +264,8 @@ void check_tool_choice(ParseState& s) {
   ToolChoice& choice = s.request.tool_choice;
   const bool has_tools = !s.request.tools.empty();
   if (!s.has_tool_choice) choice.mode = has_tools ? ToolChoice::Mode::kAuto : ToolChoice::Mode::kNone;
-  if (choice.mode == ToolChoice::Mode::kAuto && !has_tools) choice.mode = ToolChoice::Mode::kNone;
-  if ((choice.mode == ToolChoice::Mode::kRequired || choice.mode == ToolChoice::Mode::kFunction) && !has_tools) {
-    throw invalid_request("'tool_choice' asks for a tool call but 'tools' is empty", "tool_choice");
+  if (choice.mode != ToolChoice::Mode::kNone && !has_tools) {
+    throw invalid_request("'tool_choice' is only allowed together with 'tools'", "tool_choice");
   }
   if (choice.mode == ToolChoice::Mode::kFunction) {
     const bool known = std::any_of(s.request.tools.begin(), s.request.tools.end(), [&](const Json& t) {

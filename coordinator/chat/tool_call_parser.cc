@@ -24,8 +24,9 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// {"name": ..., "<arguments_key>": {...}} as a call; nullopt when it is not one.
-std::optional<ToolCall> call_of(std::string_view text, const char* arguments_key) {
+// {"name": ..., "arguments" or "parameters": {...}} as a call (models trained
+// on one format write the other's key too); nullopt when it is not one.
+std::optional<ToolCall> call_of(std::string_view text) {
   Json j;
   try {
     j = parse_bounded_json<Json>(trim(text));
@@ -35,7 +36,8 @@ std::optional<ToolCall> call_of(std::string_view text, const char* arguments_key
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   ToolCall call;
   call.name = j["name"].get<std::string>();
-  const auto arguments = j.find(arguments_key);
+  auto arguments = j.find("arguments");
+  if (arguments == j.end()) arguments = j.find("parameters");
   if (arguments == j.end() || arguments->is_null()) {
     call.arguments = "{}";
   } else if (arguments->is_string()) {
@@ -46,6 +48,37 @@ std::optional<ToolCall> call_of(std::string_view text, const char* arguments_key
     return std::nullopt;
   }
   return call;
+}
+
+// `text` cut at each `separator` outside JSON strings and brackets.
+std::vector<std::string_view> split_top_level(std::string_view text, char separator) {
+  std::vector<std::string_view> parts;
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == separator && depth == 0) {
+      parts.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  parts.push_back(text.substr(start));
+  return parts;
 }
 
 ParsedReply parse_hermes(std::string_view reply) {
@@ -61,8 +94,7 @@ ParsedReply parse_hermes(std::string_view reply) {
     content += reply.substr(pos, open - pos);
     const size_t body = open + kCallOpen.size();
     const size_t close = reply.find(kCallClose, body);  // the last call may end at the end of the reply
-    std::optional<ToolCall> call = call_of(reply.substr(body, close == std::string_view::npos ? close : close - body),
-                                           "arguments");
+    std::optional<ToolCall> call = call_of(reply.substr(body, close == std::string_view::npos ? close : close - body));
     if (!call) return {std::string(reply), {}};
     out.calls.push_back(std::move(*call));
     pos = close == std::string_view::npos ? reply.size() : close + kCallClose.size();
@@ -75,22 +107,15 @@ ParsedReply parse_llama3(std::string_view reply) {
   std::string_view text = trim(reply);
   if (text.starts_with(kPythonTag)) text = trim(text.substr(kPythonTag.size()));
   if (!text.starts_with('{')) return {std::string(reply), {}};
+  // One call, or several joined by ';' (between objects, not inside strings).
   ParsedReply out;
-  if (std::optional<ToolCall> call = call_of(text, "parameters")) {
-    out.calls.push_back(std::move(*call));
-    return out;
-  }
-  // Several calls: {...}; {...}
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t end = text.find(';', pos);
-    std::optional<ToolCall> call = call_of(text.substr(pos, end == std::string_view::npos ? end : end - pos),
-                                           "parameters");
+  for (std::string_view part : split_top_level(text, ';')) {
+    if (trim(part).empty()) continue;  // a trailing ';'
+    std::optional<ToolCall> call = call_of(part);
     if (!call) return {std::string(reply), {}};
     out.calls.push_back(std::move(*call));
-    if (end == std::string_view::npos) break;
-    pos = end + 1;
   }
+  if (out.calls.empty()) return {std::string(reply), {}};
   return out;
 }
 
@@ -126,13 +151,17 @@ std::string ToolCallHolder::push(std::string_view text) {
   buffer += text;
   held_.clear();
   if (format_ == ToolCallFormat::kHermes) {
-    const size_t open = buffer.find(kCallOpen);
+    size_t open = buffer.find(kCallOpen);
     if (open != std::string::npos) {
+      while (open > 0 && is_space(buffer[open - 1])) --open;
       held_ = buffer.substr(open);
       holding_ = true;
       return buffer.substr(0, open);
     }
-    const size_t keep = marker_prefix_at_end(buffer, kCallOpen);
+    // Held too: a marker's start, and the blank space before it (content
+    // that ends in a call is trimmed).
+    size_t keep = marker_prefix_at_end(buffer, kCallOpen);
+    while (keep < buffer.size() && is_space(buffer[buffer.size() - keep - 1])) ++keep;
     held_ = buffer.substr(buffer.size() - keep);
     return buffer.substr(0, buffer.size() - keep);
   }

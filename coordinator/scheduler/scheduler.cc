@@ -249,7 +249,11 @@ void Scheduler::on_token(Sequence& seq, const SampledToken& sampled) {
   SequenceEvent event;
   event.kind = SequenceEvent::Kind::kToken;
   event.sequence = seq.id;
-  if (!ends) event.text = seq.stop.push(seq.decoder.push(sampled.token));
+  // As vLLM, stop strings count only from min_tokens on.
+  const bool may_stop = int64_t(seq.generated.size()) >= seq.request.sampling.min_tokens;
+  if (!ends) {
+    event.text = may_stop ? seq.stop.push(seq.decoder.push(sampled.token)) : seq.decoder.push(sampled.token);
+  }
   event.token.id = sampled.token;
   event.token.bytes = tokenizer_.token_bytes(sampled.token);
   event.token.logprob = sampled.logprob;

@@ -39,6 +39,8 @@ std::string tool_call_id() {
 
 // The reply's opening that the prompt writes when the request requires a
 // call (of one function, or any): the model then only completes the call.
+// It ends on the key's colon: the space and the brace are one token in
+// these vocabularies, so the model writes them.
 // Its arguments are not yet held to the function's schema.
 std::string forced_tool_call(ToolCallFormat format, const api::ToolChoice& choice) {
   using Mode = api::ToolChoice::Mode;
@@ -46,9 +48,9 @@ std::string forced_tool_call(ToolCallFormat format, const api::ToolChoice& choic
   const std::string name = choice.mode == Mode::kFunction ? choice.function + "\", " : "";
   switch (format) {
     case ToolCallFormat::kHermes:
-      return "<tool_call>\n{\"name\": \"" + name + (name.empty() ? "" : "\"arguments\": ");
+      return "<tool_call>\n{\"name\": \"" + name + (name.empty() ? "" : "\"arguments\":");
     case ToolCallFormat::kLlama3:
-      return "{\"name\": \"" + name + (name.empty() ? "" : "\"parameters\": ");
+      return "{\"name\": \"" + name + (name.empty() ? "" : "\"parameters\":");
     case ToolCallFormat::kNone:
       break;
   }
@@ -125,6 +127,8 @@ std::optional<http::EarlyAnswer> OpenAiService::check_header(const http::Request
     endpoint = endpoint_name(api::Endpoint::kChatCompletions);
   } else if (path == "/v1/models" || path.starts_with("/v1/models/")) {
     endpoint = "models";
+  } else if (path == "/tokenize" || path == "/detokenize") {
+    endpoint = path.substr(1);  // vLLM leaves them open; they render templates and tokenize, so they take the key
   } else {
     return std::nullopt;  // no key needed, or an unknown URL (404 from handle())
   }
@@ -182,6 +186,7 @@ void OpenAiService::handle(const http::Request& request, http::ResponseWriter& o
       out.send(200, "application/json", api::model_body(model_card(), unix_now()));
     } else if (path == "/tokenize" || path == "/detokenize") {
       if (request.method != "POST") return method_not_allowed(path.substr(1), "POST");
+      authenticate(request);
       path == "/tokenize" ? tokenize(request, out) : detokenize(request, out);
     } else if (path == "/v1/completions" || path == "/v1/chat/completions") {
       const api::Endpoint endpoint =
@@ -280,13 +285,16 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     std::vector<SequenceRequest> sequences;
     for (size_t p = 0; p < n_prompts; ++p) {
       std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
-      if (!forced_call.empty()) {
-        const std::vector<int32_t> opening = tokenizer_.encode(forced_call, false);
-        prompt.insert(prompt.end(), opening.begin(), opening.end());
-      }
       if (chat && reasoning_ != ReasoningFormat::kNone) {
         const size_t tail = std::min<size_t>(prompt.size(), 8);
         prompt_opens_block = prompt_opens_thinking(tokenizer_.decode(std::span(prompt).last(tail)));
+      }
+      if (!forced_call.empty()) {
+        // A forced call is the answer: a thinking block the template opened closes first.
+        const std::string opening = (prompt_opens_block ? "</think>\n\n" : "") + forced_call;
+        const std::vector<int32_t> ids = tokenizer_.encode(opening, false);
+        prompt.insert(prompt.end(), ids.begin(), ids.end());
+        prompt_opens_block = false;
       }
       if (!chat) prompt_texts.push_back(r.prompts[p].is_tokens ? tokenizer_.decode(prompt) : r.prompts[p].text);
       const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), n_ctx, config_);

@@ -17,7 +17,8 @@ std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const T
   }
   try {
     if (chat) {
-      // tool_choice "none": the model is not told of the tools (as vLLM).
+      // tool_choice "none": the model is not told of the tools (vLLM does so
+      // with --exclude-tools-when-tool-choice-none).
       const bool offer_tools = request.tool_choice.mode != api::ToolChoice::Mode::kNone;
       return encoder.encode_chat(request.messages, offer_tools ? request.tools : nlohmann::ordered_json::array());
     }

@@ -31,7 +31,8 @@ check(max_model_len > 0, f"the model card has max_model_len ({max_model_len})")
 
 def post(path, body):
     request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {api_key}"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)
 

@@ -289,7 +289,7 @@ TEST(OpenAiRequest, ToolsToolChoiceAndToolTurns) {
   EXPECT_EQ(r.tools[0]["function"]["name"], "get_weather");
   EXPECT_EQ(r.tool_choice.mode, ToolChoice::Mode::kAuto);  // OpenAI's default with tools
   EXPECT_EQ(parse(kChat, chat()).tool_choice.mode, ToolChoice::Mode::kNone);
-  EXPECT_EQ(parse(kChat, chat(R"("tool_choice":"auto")")).tool_choice.mode, ToolChoice::Mode::kNone);  // no tools
+  EXPECT_EQ(parse(kChat, chat(R"("tool_choice":"none")")).tool_choice.mode, ToolChoice::Mode::kNone);
   EXPECT_EQ(parse(kChat, chat(tools + R"(,"tool_choice":"required")")).tool_choice.mode, ToolChoice::Mode::kRequired);
   r = parse(kChat, chat(tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"));
   EXPECT_EQ(r.tool_choice.mode, ToolChoice::Mode::kFunction);
@@ -535,7 +535,8 @@ TEST(OpenAiRequest, EveryRejectionIs400WithParamAndMessage) {
        chat(R"("tools":[{"type":"function","function":{"name":"f"}},)"
             R"({"type":"function","function":{"name":"f"}}])"),
        "tools", "twice"},
-      {kChat, chat(R"("tool_choice":"required")"), "tool_choice", "'tools' is empty"},
+      {kChat, chat(R"("tool_choice":"required")"), "tool_choice", "only allowed together with 'tools'"},
+      {kChat, chat(R"("tool_choice":"auto")"), "tool_choice", "only allowed together with 'tools'"},
       {kChat, chat(R"("tool_choice":"sometimes","tools":[{"type":"function","function":{"name":"f"}}])"),
        "tool_choice", "'tool_choice' must be"},
       {kChat,

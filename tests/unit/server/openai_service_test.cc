@@ -272,6 +272,18 @@ TEST_F(OpenAiServiceTest, LogitBiasAndMinTokensChangeTheOutputAsDefined) {
   EXPECT_EQ(h["usage"]["completion_tokens"], 6) << held.body;  // five held back, then the end token
   EXPECT_EQ(h["choices"][0]["finish_reason"], "stop");
 
+  // Stop strings count only from min_tokens on: the first character of the
+  // greedy text as a stop ends the reply at once, unless min_tokens holds it.
+  const std::string first_text = json::parse(plain.body)["choices"][0]["text"];
+  ASSERT_FALSE(first_text.empty());
+  const json stop = {{"stop", first_text.substr(0, 1)}};
+  const std::string with_stop = base + ", " + stop.dump().substr(1, stop.dump().size() - 2);
+  RecordingWriter stopped = call("POST", "/v1/completions", with_stop + "}");
+  EXPECT_EQ(json::parse(stopped.body)["choices"][0]["text"], "") << stopped.body;
+  RecordingWriter later = call("POST", "/v1/completions", with_stop + R"(, "min_tokens": 4})");
+  EXPECT_GE(json::parse(later.body)["usage"]["completion_tokens"], 4) << later.body;
+  EXPECT_EQ(json::parse(later.body)["choices"][0]["text"].get<std::string>().substr(0, 1), first_text.substr(0, 1));
+
   // Ids outside the vocabulary, min_tokens above what the request allows.
   RecordingWriter outside = call("POST", "/v1/completions", base + R"(, "logit_bias": {"999999": 1}})");
   EXPECT_EQ(outside.status, 400);
@@ -474,11 +486,18 @@ class OpenAiServiceKeysTest : public OpenAiServiceTest {
   }
 };
 
-TEST_F(OpenAiServiceKeysTest, ApiKeysAreRequiredOnV1Only) {
+TEST_F(OpenAiServiceKeysTest, ApiKeysAreRequiredOnV1AndTheTokenizer) {
   EXPECT_EQ(call("GET", "/v1/models").status, 401);
   EXPECT_EQ(call("GET", "/v1/models", "", "wrong").status, 401);
   EXPECT_EQ(call("GET", "/v1/models", "", "k1").status, 200);
   EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 1})").status, 401);
+  EXPECT_EQ(call("POST", "/tokenize", R"({"prompt": "x"})").status, 401);
+  EXPECT_EQ(call("POST", "/detokenize", R"({"tokens": [5]})").status, 401);
+  EXPECT_EQ(call("POST", "/tokenize", R"({"prompt": "x"})", "k1").status, 200);
+  http::Request head;  // the header alone is refused before the body is read
+  head.method = "POST";
+  head.path = "/tokenize";
+  EXPECT_TRUE(service_->check_header(head).has_value());
   EXPECT_EQ(call("GET", "/health").status, 200);
   EXPECT_EQ(call("GET", "/metrics").status, 200);
 }
