@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "coordinator/chat/marker_prefix.h"
+#include "coordinator/chat/reply_scan.h"
 
 namespace lazykv {
 
@@ -12,10 +12,8 @@ namespace {
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-
 size_t first_non_space(std::string_view s) {
-  const auto it = std::find_if_not(s.begin(), s.end(), is_space);
+  const auto it = std::find_if_not(s.begin(), s.end(), is_reply_space);
   return size_t(it - s.begin());
 }
 
@@ -33,8 +31,7 @@ ReasoningFormat reasoning_format_of_template(std::string_view template_source) {
 }
 
 bool prompt_opens_thinking(std::string_view prompt_text) {
-  while (!prompt_text.empty() && is_space(prompt_text.back())) prompt_text.remove_suffix(1);
-  return prompt_text.ends_with(kOpen);
+  return trim_reply_space(prompt_text).ends_with(kOpen);
 }
 
 ReasoningSplitter::ReasoningSplitter(ReasoningFormat format, bool opened_by_prompt)

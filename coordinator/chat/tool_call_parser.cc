@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "common/bounded_json.h"
-#include "coordinator/chat/marker_prefix.h"
+#include "coordinator/chat/reply_scan.h"
 
 namespace lazykv {
 
@@ -16,20 +16,12 @@ constexpr std::string_view kCallOpen = "<tool_call>";
 constexpr std::string_view kCallClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
 // {"name": ..., "arguments" or "parameters": {...}} as a call (models trained
 // on one format write the other's key too); nullopt when it is not one.
 std::optional<ToolCall> call_of(std::string_view text) {
   Json j;
   try {
-    j = parse_bounded_json<Json>(trim(text));
+    j = parse_bounded_json<Json>(trim_reply_space(text));
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -99,18 +91,18 @@ ParsedReply parse_hermes(std::string_view reply) {
     out.calls.push_back(std::move(*call));
     pos = close == std::string_view::npos ? reply.size() : close + kCallClose.size();
   }
-  out.content = out.calls.empty() ? std::string(reply) : std::string(trim(content));
+  out.content = out.calls.empty() ? std::string(reply) : std::string(trim_reply_space(content));
   return out;
 }
 
 ParsedReply parse_llama3(std::string_view reply) {
-  std::string_view text = trim(reply);
-  if (text.starts_with(kPythonTag)) text = trim(text.substr(kPythonTag.size()));
+  std::string_view text = trim_reply_space(reply);
+  if (text.starts_with(kPythonTag)) text = trim_reply_space(text.substr(kPythonTag.size()));
   if (!text.starts_with('{')) return {std::string(reply), {}};
   // One call, or several joined by ';' (between objects, not inside strings).
   ParsedReply out;
   for (std::string_view part : split_top_level(text, ';')) {
-    if (trim(part).empty()) continue;  // a trailing ';'
+    if (trim_reply_space(part).empty()) continue;  // a trailing ';'
     std::optional<ToolCall> call = call_of(part);
     if (!call) return {std::string(reply), {}};
     out.calls.push_back(std::move(*call));
@@ -153,7 +145,7 @@ std::string ToolCallHolder::push(std::string_view text) {
   if (format_ == ToolCallFormat::kHermes) {
     size_t open = buffer.find(kCallOpen);
     if (open != std::string::npos) {
-      while (open > 0 && is_space(buffer[open - 1])) --open;
+      while (open > 0 && is_reply_space(buffer[open - 1])) --open;
       held_ = buffer.substr(open);
       holding_ = true;
       return buffer.substr(0, open);
@@ -161,13 +153,13 @@ std::string ToolCallHolder::push(std::string_view text) {
     // Held too: a marker's start, and the blank space before it (content
     // that ends in a call is trimmed).
     size_t keep = marker_prefix_at_end(buffer, kCallOpen);
-    while (keep < buffer.size() && is_space(buffer[buffer.size() - keep - 1])) ++keep;
+    while (keep < buffer.size() && is_reply_space(buffer[buffer.size() - keep - 1])) ++keep;
     held_ = buffer.substr(buffer.size() - keep);
     return buffer.substr(0, buffer.size() - keep);
   }
   // llama3: the reply is a call when its first text is '{' or <|python_tag|>.
   if (seen_text_) return buffer;
-  const std::string_view rest = trim(buffer);
+  const std::string_view rest = trim_reply_space(buffer);
   if (rest.empty()) {
     held_ = std::move(buffer);
     return "";
