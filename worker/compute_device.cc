@@ -60,7 +60,7 @@ std::unique_ptr<ForwardBackend> make_forward_backend(ComputeDevice device, int c
                                                      cpu::ActivationPrecision precision) {
   if (device == ComputeDevice::kCpu) return std::make_unique<ForwardPass>(shard, group, cache, pool, precision);
 #ifdef LAZYKV_HAVE_CUDA
-  return std::make_unique<CudaForwardPass>(shard, group, cache, pool, cuda_device);
+  return std::make_unique<CudaForwardPass>(shard, group, cache, pool, cuda_device, precision);
 #else
   (void)cuda_device;
   throw Error(ErrorCode::kUnavailable, "--device cuda: this lazykv was built without the CUDA backend");

@@ -12,7 +12,9 @@
 #   env:   LAZYKV_BIN (build/cli/lazykv), LAZYKV_CUDA_TESTS
 #          (build/tests/lazykv_cuda_tests), LAZYKV_MATMUL_BENCH
 #          (build/bench/cuda_matmul_bandwidth), BENCH_FLAGS (extra `lazykv
-#          bench` flags, e.g. "--reps 1"), SKIP_KERNELS=1 (no tests and no
+#          bench` flags, e.g. "--reps 1"), INT8_BENCH_FLAGS (the same for the
+#          run with --activations int8; default BENCH_FLAGS), SKIP_INT8=1 (no
+#          int8 run), SKIP_KERNELS=1 (no tests and no
 #          matmul benchmark: models only), LLAMA_BENCH (llama-bench, default
 #          in LLAMA_CPP_BIN_DIR; llama-batched-bench there gives the peer's
 #          decode at depth), NCU (an ncu binary: a per-kernel profile of the
@@ -59,6 +61,10 @@ for m in "${models[@]}"; do
   name=$(basename "$m" .gguf)
   # shellcheck disable=SC2086  # BENCH_FLAGS is a list of flags
   step "lazykv_$name" "$lazykv" bench --device cuda --model "$m" ${BENCH_FLAGS:-}
+  # int8 activations (llama.cpp's arithmetic) on the types that have them
+  # shellcheck disable=SC2086
+  [ -n "${SKIP_INT8:-}" ] || step "lazykv_${name}_int8" "$lazykv" bench --device cuda --model "$m" --activations int8 \
+    ${INT8_BENCH_FLAGS:-${BENCH_FLAGS:-}}
   if [ -n "$llama" ]; then
     # pp512, pp4096 and tg128 with every layer on the GPU and flash attention (its fastest);
     # decode after 2048 and 8192 tokens of context (batched-bench: S_TG).
@@ -103,7 +109,8 @@ if tests:
 for m in models:
     name = os.path.basename(m)[: -len(".gguf")] if m.endswith(".gguf") else os.path.basename(m)
     ours = load(f"{out}/lazykv_{name}.out") or {}
-    entry = {"lazykv": ours}
+    ours_int8 = load(f"{out}/lazykv_{name}_int8.out") or {}
+    entry = {"lazykv": ours, "lazykv_int8": ours_int8}
     bench = load(f"{out}/llama_{name}.out")
     if bench:
         peer = {}
@@ -117,9 +124,10 @@ for m in models:
         peer["decode_batch8_ctx128_tok_s"] = s_tg(f"{out}/llama_{name}_batch8.out")
         peer = {k: v for k, v in peer.items() if v is not None}
         entry["llama_cpp"] = peer
-        entry["ratio_lazykv_over_llama_cpp"] = {
-            k: round(ours[k] / v, 3) for k, v in peer.items() if v and isinstance(ours.get(k), (int, float))}
+        for key, run in (("ratio_lazykv_over_llama_cpp", ours), ("ratio_lazykv_int8_over_llama_cpp", ours_int8)):
+            entry[key] = {k: round(run[k] / v, 3) for k, v in peer.items() if v and isinstance(run.get(k), (int, float))}
     summary["models"][name] = entry
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
-print(json.dumps({n: e.get("ratio_lazykv_over_llama_cpp") for n, e in summary["models"].items()}, indent=2))
+print(json.dumps({n: {k: v for k, v in e.items() if k.startswith("ratio")} for n, e in summary["models"].items()},
+                 indent=2))
 PY

@@ -18,10 +18,15 @@ using namespace detail;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kSplitSlots = kThreads;  // slots per attention_units block: one thread each
+constexpr int kMaxSplitSlots = kThreads;  // slots per attention_units block: at most one thread each
+constexpr int kMinSplitSlots = kWarpSize;
+// Split blocks a launch aims for: fewer units (one short decode) get smaller
+// splits, so a few KV heads still spread over the GPU instead of 8 blocks.
+constexpr int64_t kTargetSplitBlocks = 512;
 constexpr int kScoreGroup = 8;         // queries per pass over a split's keys
 constexpr int kValueGroup = 4;         // queries per pass over its values
 constexpr int kMaxDimsPerLane = 4;     // head_dim up to 128
+constexpr int kKeyBatch = 16;          // key elements a thread loads at once
 
 __device__ __forceinline__ const uint16_t* slot_row(const uint16_t* const* pages, int32_t page_slots, int32_t slot,
                                                     int head_dim) {
@@ -109,64 +114,86 @@ __global__ void weighted_values_kernel(const float* __restrict__ probs, int head
 }
 
 // Split attention (flash-decoding): block (unit, split) takes the unit's
-// slots [split·kSplitSlots, +kSplitSlots), leaves their raw scaled scores in
+// slots [split·split_slots, +split_slots), leaves their raw scaled scores in
 // probs and, per query, its partial softmax state in scratch: the split's
 // max m, Σ exp(score - m) and Σ exp(score - m)·v (head_dim floats). A long
 // context is many blocks instead of one; attention_combine_kernel merges the
 // splits. Each key element is loaded once for up to kScoreGroup queries and
 // each value element once for kValueGroup, so the group shares the reads.
 // Dynamic shared memory: q [max_group, head_dim], scores [max_group,
-// kSplitSlots], weights [kValueGroup, kSplitSlots], the warps' partial value
-// sums [kWarps, kValueGroup, head_dim].
+// kMaxSplitSlots], weights [kValueGroup, kMaxSplitSlots], then one area that
+// holds first the score parts [kScoreGroup, kThreads] and later the warps'
+// partial value sums [kWarps, kValueGroup, head_dim].
 __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
-                                       int32_t page_slots, float scale, float* __restrict__ scratch) {
+                                       int32_t page_slots, float scale, int split_slots,
+                                       float* __restrict__ scratch) {
   extern __shared__ float shared[];
   __shared__ float reduce[32];
   const AttentionUnit u = units[blockIdx.x];
-  const int32_t first = int32_t(blockIdx.y) * kSplitSlots;
+  const int32_t first = int32_t(blockIdx.y) * split_slots;
   if (first >= u.n_slots) return;  // past this unit's slots: combine reads only its own splits
-  const int32_t last = min(u.n_slots, first + kSplitSlots);
+  const int32_t last = min(u.n_slots, first + split_slots);
   float* q = shared;
   float* scores = q + max_group * head_dim;
-  float* weight = scores + max_group * kSplitSlots;
-  float* partial = weight + kValueGroup * kSplitSlots;
+  float* weight = scores + max_group * kMaxSplitSlots;
+  float* partial = weight + kValueGroup * kMaxSplitSlots;
   const int n_group = u.n_group;
   const int32_t n = u.n_slots;
   for (int i = threadIdx.x; i < n_group * head_dim; i += blockDim.x) q[i] = u.q[i];
   __syncthreads();
-  // Scores: a thread per slot, so a warp reads 32 neighbouring slots of each
-  // key row of a page (keys are [head_dim][page_slots] within a page).
-  const int32_t s = first + int32_t(threadIdx.x);
-  if (s < last) {
-    const uint16_t* kp = u.keys[s / page_slots] + s % page_slots;
-    for (int g0 = 0; g0 < n_group; g0 += kScoreGroup) {
-      float dot[kScoreGroup] = {};
-#pragma unroll 8
-      for (int d = 0; d < head_dim; ++d) {
-        const float key = f16_bits_to_float(kp[int64_t(d) * page_slots]);
+  // Scores: thread (part, slot) takes dimensions part, part + parts, ... of
+  // one slot, so a warp reads 32 neighbouring slots of each key row of a page
+  // (keys are [head_dim][page_slots] within a page); the parts meet in
+  // shared memory.
+  const int parts = kThreads / split_slots;
+  const int part = int(threadIdx.x) / split_slots;
+  const int32_t s = first + int32_t(threadIdx.x) % split_slots;
+  const uint16_t* kp = s < last ? u.keys[s / page_slots] + s % page_slots : nullptr;
+  for (int g0 = 0; g0 < n_group; g0 += kScoreGroup) {
+    float dot[kScoreGroup] = {};
+    // kKeyBatch key elements loaded before any is used: one memory round
+    // trip per batch, not per element.
+    for (int d0 = part; kp != nullptr && d0 < head_dim; d0 += kKeyBatch * parts) {
+      float key[kKeyBatch];
+#pragma unroll
+      for (int b = 0; b < kKeyBatch; ++b) {
+        const int d = d0 + b * parts;
+        key[b] = d < head_dim ? f16_bits_to_float(kp[int64_t(d) * page_slots]) : 0.0f;
+      }
+#pragma unroll
+      for (int b = 0; b < kKeyBatch; ++b) {
+        const int d = d0 + b * parts;
+        if (d >= head_dim) break;
 #pragma unroll
         for (int i = 0; i < kScoreGroup; ++i) {
-          if (g0 + i < n_group) dot[i] = fmaf(q[(g0 + i) * head_dim + d], key, dot[i]);
+          if (g0 + i < n_group) dot[i] = fmaf(q[(g0 + i) * head_dim + d], key[b], dot[i]);
         }
       }
-#pragma unroll
-      for (int i = 0; i < kScoreGroup; ++i) {
-        if (g0 + i >= n_group) break;
-        u.probs[int64_t(g0 + i) * n + s] = scale * dot[i];
-        scores[(g0 + i) * kSplitSlots + threadIdx.x] = scale * dot[i];
-      }
     }
+#pragma unroll
+    for (int i = 0; i < kScoreGroup; ++i) partial[i * kThreads + threadIdx.x] = dot[i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < kScoreGroup * split_slots; e += blockDim.x) {
+      const int i = e / split_slots, local = e % split_slots;
+      if (g0 + i >= n_group || first + local >= last) continue;
+      float total = 0.0f;
+      for (int p = 0; p < parts; ++p) total += partial[i * kThreads + p * split_slots + local];
+      if (u.probs != nullptr) u.probs[int64_t(g0 + i) * n + first + local] = scale * total;
+      scores[(g0 + i) * kMaxSplitSlots + local] = scale * total;
+    }
+    __syncthreads();  // partial is rewritten by the next queries; scores are read below
   }
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const bool own_slot = int(threadIdx.x) < split_slots && s < last;  // the thread of its slot's weights
   float* state = scratch + (int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * max_group * (head_dim + 2);
   for (int g0 = 0; g0 < n_group; g0 += kValueGroup) {
     const int n_value = min(kValueGroup, n_group - g0);
     for (int i = 0; i < n_value; ++i) {
-      const float score = s < last ? scores[(g0 + i) * kSplitSlots + threadIdx.x] : -INFINITY;
-      const float m = block_max(score, reduce);  // its barriers also publish scores[]
-      const float e = s < last ? expf(score - m) : 0.0f;
-      weight[i * kSplitSlots + threadIdx.x] = e;
-      const float l = block_sum(e, reduce);  // ... and weight[]
+      const float score = own_slot ? scores[(g0 + i) * kMaxSplitSlots + threadIdx.x] : -INFINITY;
+      const float m = block_max(score, reduce);
+      const float e = own_slot ? expf(score - m) : 0.0f;
+      weight[i * kMaxSplitSlots + threadIdx.x] = e;
+      const float l = block_sum(e, reduce);  // its barriers publish weight[]
       if (threadIdx.x == 0) {
         state[(g0 + i) * (head_dim + 2)] = m;
         state[(g0 + i) * (head_dim + 2) + 1] = l;
@@ -184,7 +211,9 @@ __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, 
         if (d >= head_dim) break;
         const float value = f16_bits_to_float(v[d]);
 #pragma unroll
-        for (int i = 0; i < kValueGroup; ++i) acc[i][j] = fmaf(weight[i * kSplitSlots + (t - first)], value, acc[i][j]);
+        for (int i = 0; i < kValueGroup; ++i) {
+          acc[i][j] = fmaf(weight[i * kMaxSplitSlots + (t - first)], value, acc[i][j]);
+        }
       }
     }
 #pragma unroll
@@ -206,38 +235,61 @@ __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, 
   }
 }
 
-// One block per unit: the splits' states merged (the global max M, the sum
-// S = Σ l_j·exp(m_j - M)), out = Σ o_j·exp(m_j - M) / S, and the raw scores
-// in probs turned into probabilities exp(score - M) / S.
+// One block per unit, a warp per query: the splits' states merged (the
+// global max M, the sum S = Σ l_j·exp(m_j - M)), out = Σ o_j·exp(m_j - M) / S,
+// and the raw scores in probs turned into probabilities exp(score - M) / S.
+// Lanes take the splits, then the dimensions, then the slots, so a query's
+// loads go out together rather than one split after another.
 __global__ void attention_combine_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
-                                         int n_splits, const float* __restrict__ scratch) {
+                                         int split_slots, int n_splits, const float* __restrict__ scratch) {
   const AttentionUnit u = units[blockIdx.x];
-  const int splits = (u.n_slots + kSplitSlots - 1) / kSplitSlots;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int splits = (u.n_slots + split_slots - 1) / split_slots;
   const float* states = scratch + int64_t(blockIdx.x) * n_splits * max_group * (head_dim + 2);
   const int64_t stride = int64_t(max_group) * (head_dim + 2);  // from a split's state to the next's
-  for (int g = 0; g < u.n_group; ++g) {
+  for (int g = warp; g < u.n_group; g += kWarps) {
     const float* first = states + g * (head_dim + 2);
     float max = -INFINITY;
-    for (int j = 0; j < splits; ++j) max = fmaxf(max, first[j * stride]);
+    for (int j = lane; j < splits; j += kWarpSize) max = fmaxf(max, first[j * stride]);
+    max = warp_max(max);
     float sum = 0.0f;
-    for (int j = 0; j < splits; ++j) sum += first[j * stride + 1] * expf(first[j * stride] - max);
+    for (int j = lane; j < splits; j += kWarpSize) sum += first[j * stride + 1] * expf(first[j * stride] - max);
+    sum = warp_sum(sum);
     const float inv = splits > 0 ? 1.0f / sum : 0.0f;  // no slots: out = 0, as the CPU
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    for (int d = lane; d < head_dim; d += kWarpSize) {
       float total = 0.0f;
+#pragma unroll 8
       for (int j = 0; j < splits; ++j) total += first[j * stride + 2 + d] * expf(first[j * stride] - max);
       u.out[int64_t(g) * head_dim + d] = total * inv;
     }
+    if (u.probs == nullptr) continue;  // nobody reads them
     float* row = u.probs + int64_t(g) * u.n_slots;
-    for (int32_t s = threadIdx.x; s < u.n_slots; s += blockDim.x) row[s] = expf(row[s] - max) * inv;
+    for (int32_t s = lane; s < u.n_slots; s += kWarpSize) row[s] = expf(row[s] - max) * inv;
   }
+}
+
+int64_t splits_of(int32_t max_slots, int split_slots) {
+  return std::max<int64_t>(1, (int64_t(max_slots) + split_slots - 1) / split_slots);
+}
+
+// The slots of a split: the largest power of two from kMaxSplitSlots down to
+// kMinSplitSlots at which the launch still reaches kTargetSplitBlocks blocks,
+// halved only while the halving keeps it within that number.
+int split_slots_for(int64_t n_units, int32_t max_slots) {
+  int split = kMaxSplitSlots;
+  while (split > kMinSplitSlots && n_units * splits_of(max_slots, split / 2) <= kTargetSplitBlocks) split /= 2;
+  return split;
 }
 
 }  // namespace
 
-int attention_splits(int32_t max_slots) { return std::max(1, (max_slots + kSplitSlots - 1) / kSplitSlots); }
-
 size_t attention_scratch_floats(int64_t n_units, int max_group, int head_dim, int32_t max_slots) {
-  return size_t(n_units) * size_t(attention_splits(max_slots)) * size_t(max_group) * size_t(head_dim + 2);
+  // A bound that grows with n_units (a wave of fewer units never needs more
+  // than the whole pass): split_slots_for never goes past kTargetSplitBlocks
+  // blocks by halving, nor below the blocks of the largest split.
+  const int64_t smallest = n_units * splits_of(max_slots, kMinSplitSlots);
+  const int64_t blocks = std::max(std::min(kTargetSplitBlocks, smallest), n_units * splits_of(max_slots, kMaxSplitSlots));
+  return size_t(blocks) * size_t(max_group) * size_t(head_dim + 2);
 }
 
 void attention_units(const AttentionUnit* units, int64_t n_units, int max_group, int head_dim, int32_t page_slots,
@@ -246,20 +298,22 @@ void attention_units(const AttentionUnit* units, int64_t n_units, int max_group,
           "cuda::attention_units: bad shape");
   require(n_units <= 0x7fffffff, "cuda::attention_units: too many units for one launch");
   require(head_dim <= kMaxDimsPerLane * kWarpSize, "cuda::attention_units: head_dim over 128");
-  const size_t shared_bytes = (size_t(max_group) * (size_t(head_dim) + kSplitSlots) + size_t(kValueGroup) * kSplitSlots +
-                               size_t(kWarps) * kValueGroup * size_t(head_dim)) *
-                              sizeof(float);
+  const size_t shared_floats = size_t(max_group) * (size_t(head_dim) + kMaxSplitSlots) +
+                               size_t(kValueGroup) * kMaxSplitSlots +
+                               std::max(size_t(kWarps) * kValueGroup * size_t(head_dim), size_t(kScoreGroup) * kThreads);
+  const size_t shared_bytes = shared_floats * sizeof(float);
   // 48 KiB in all without opting in, the kernel's static reduce[32] included.
   require(shared_bytes + 32 * sizeof(float) <= 48 * 1024, "cuda::attention_units: group too large");
-  const int splits = attention_splits(max_slots);
-  require(splits < 65536, "cuda::attention_units: too many slots for one launch");
   if (n_units == 0) return;
+  const int split_slots = split_slots_for(n_units, max_slots);
+  const int64_t splits = splits_of(max_slots, split_slots);
+  require(splits < 65536, "cuda::attention_units: too many slots for one launch");
   const dim3 grid(static_cast<unsigned>(n_units), static_cast<unsigned>(splits));
   attention_split_kernel<<<grid, kThreads, shared_bytes, stream>>>(units, max_group, head_dim, page_slots, scale,
-                                                                   scratch);
+                                                                   split_slots, scratch);
   LAZYKV_CUDA_CHECK_LAUNCH();
-  attention_combine_kernel<<<static_cast<unsigned>(n_units), kThreads, 0, stream>>>(units, max_group, head_dim,
-                                                                                    splits, scratch);
+  attention_combine_kernel<<<static_cast<unsigned>(n_units), kThreads, 0, stream>>>(
+      units, max_group, head_dim, split_slots, static_cast<int>(splits), scratch);
   LAZYKV_CUDA_CHECK_LAUNCH();
 }
 

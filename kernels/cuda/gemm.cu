@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kUntileWarps* kWarpSize)
     const uint32_t scale = load_scale<kType>(
         scales + ((tile * s.n_blocks + c / kChunksPerBlock) * kTileRows + lane) * Format::kScaleBytes);
     float w[kElems];
-    Format::decode(q, scale, w);
+    decode_chunk<kType>(q, scale, w);
 #pragma unroll
     for (int e = 0; e < kElems; ++e) staged[warp][lane][e] = w[e];
     __syncwarp();

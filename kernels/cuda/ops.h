@@ -30,17 +30,30 @@ double measure_copy_rate();
 
 // ---- elementwise and normalisation --------------------------------------
 
-// y[r] = x[r] / rms(x[r]) * weight, for each row r. x and y may alias.
+struct Q8Activations;
+
+// y[r] = x[r] / rms(x[r]) * weight, for each row r. x and y may alias. With
+// q8, y is also written quantized (quantize_q8 of y, in the same launch; n a
+// multiple of 32): the input of a matmul_q8.
 void rms_norm(const float* x,       // [n_rows, n]
               const float* weight,  // [n]
               float* y,             // [n_rows, n]
-              int64_t n_rows, int64_t n, float eps, cudaStream_t stream);
+              int64_t n_rows, int64_t n, float eps, cudaStream_t stream, const Q8Activations* q8 = nullptr);
 
-// out = silu(gate) * up. out may alias gate or up.
+// x += y, then out = rms_norm(x) (bit for bit add_inplace and rms_norm, in
+// one launch: a layer's residual add and the norm after it). out must not
+// alias x or y. q8 as for rms_norm.
+void add_rms_norm(float* x,             // [n_rows, n]
+                  const float* y,       // [n_rows, n]
+                  const float* weight,  // [n]
+                  float* out,           // [n_rows, n]
+                  int64_t n_rows, int64_t n, float eps, cudaStream_t stream, const Q8Activations* q8 = nullptr);
+
+// out = silu(gate) * up. out may alias gate or up. q8 as for rms_norm.
 void silu_mul(const float* gate,  // [n]
               const float* up,    // [n]
               float* out,         // [n]
-              int64_t n, cudaStream_t stream);
+              int64_t n, cudaStream_t stream, const Q8Activations* q8 = nullptr);
 
 // x += y
 void add_inplace(float* x,        // [n]
@@ -67,6 +80,19 @@ void rope(float* x,                  // [n_tokens, n_heads, head_dim]
           const float* inv_freq,     // [n_rot / 2]
           int64_t n_tokens, int n_heads, int head_dim, int n_rot, float mscale, RopeStyle style,
           cudaStream_t stream);
+
+// A layer's new rows in one launch: rope on q and k (as rope), then k and v
+// to f16 (as to_f16) into k16 and v16, bit for bit the four ops.
+void rope_qk_to_f16(float* q,                  // [n_tokens, n_q_heads, head_dim]
+                    float* k,                  // [n_tokens, n_kv_heads, head_dim]
+                    const float* v,            // [n_tokens, n_kv_heads, head_dim]
+                    const int32_t* positions,  // [n_tokens]
+                    const float* inv_freq,     // [n_rot / 2]
+                    int64_t n_tokens, int n_q_heads, int n_kv_heads, int head_dim, int n_rot, float mscale,
+                    RopeStyle style,
+                    uint16_t* k16,  // [n_tokens, n_kv_heads, head_dim] f16 bits
+                    uint16_t* v16,  // [n_tokens, n_kv_heads, head_dim] f16 bits
+                    cudaStream_t stream);
 
 // ---- quantized rows ----------------------------------------------------------
 
@@ -126,6 +152,28 @@ void matmul(const WeightMatrix& w,
 void matmul_shared_input(const WeightMatrix* w, float* const* y, int n, const float* x, int64_t batch,
                          cudaStream_t stream);
 
+// Activations quantized to 8 bits per 32-column block, for matmul_q8: row r
+// of a [batch, cols] input has its bytes at q + r·cols and its blocks' scale
+// d = max|x| / 127 and sum s = d·Σq at d + r·cols/32 and s + r·cols/32.
+struct Q8Activations {
+  int8_t* q;  // [batch, cols], 16-byte aligned
+  float* d;   // [batch, cols / 32]
+  float* s;   // [batch, cols / 32]
+};
+
+// x to Q8Activations (q = round(x / d)); cols a multiple of 32.
+void quantize_q8(const float* x,  // [batch, cols]
+                 int64_t batch, int64_t cols, const Q8Activations& out, cudaStream_t stream);
+
+// Weight types matmul_q8 reads: Q4_0, Q4_1, Q8_0.
+bool matmul_q8_supported(DType type);
+
+// matmul_shared_input on int8 activations: integer dot products per block,
+// as llama.cpp and cpu::matmul's kInt8 mode (less exact than f32, about a
+// quarter of the arithmetic per weight).
+void matmul_q8_shared_input(const WeightMatrix* w, float* const* y, int n, const Q8Activations& x, int64_t batch,
+                            cudaStream_t stream);
+
 // ---- attention -----------------------------------------------------------------
 
 // ---- KV pages -------------------------------------------------------------------
@@ -182,7 +230,7 @@ void attention_group(const float* q,  // [n_group, head_dim]
 struct AttentionUnit {
   const float* q;                 // [n_group, head_dim]
   float* out;                     // [n_group, head_dim]
-  float* probs;                   // [n_group, n_slots]: receives the probabilities
+  float* probs;                   // [n_group, n_slots]: receives the probabilities; null: not written
   const uint16_t* const* keys;    // [pages] -> [head_dim, page_slots] f16
   const uint16_t* const* values;  // [pages] -> [page_slots, head_dim] f16
   int32_t n_slots;                // visible slots (0: out = 0)

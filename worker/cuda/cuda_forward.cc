@@ -64,7 +64,8 @@ struct DeviceLayer {
 }  // namespace
 
 struct CudaForwardPass::Impl {
-  Impl(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device);
+  Impl(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device,
+       cpu::ActivationPrecision precision);
 
   std::span<const float> run(std::span<const BatchItem> batch);
   struct Unit {
@@ -102,8 +103,11 @@ struct CudaForwardPass::Impl {
   void append_pending_slots(const PassUnits& pu);
   // The pass's new rows, downloaded with the logits, into the host cache.
   void write_back_slots(const PassUnits& pu, int64_t T);
-  // Layer l's K/V on the device to the cache: appended on the device
-  // (device_appends) or through the host cache and the mirror.
+  // Where layer l's f16 K/V rows go in k16 / v16: every layer's rows stay
+  // for the write-back with device_appends, else one layer's at a time.
+  int64_t kv_rows_at(int l, const PassUnits& pu, int64_t T) const;
+  // Layer l's f16 K/V rows (at kv_rows_at) to the cache: appended on the
+  // device (device_appends) or through the host cache and the mirror.
   void append_layer(int l, const PassUnits& pu, int64_t T);
   // Layer l's attention; statistics and queries to the policies.
   void attend(int l, const PassUnits& pu, const std::vector<Wave>& waves, size_t units_at);
@@ -117,9 +121,17 @@ struct CudaForwardPass::Impl {
   void upload(void* device, const void* host, size_t bytes);
   void download(void* host, const void* device, size_t bytes);
   void matmul(const cuda::WeightMatrix& w, const float* x, int64_t rows, float* y);
-  // y[i] = x · w[i]ᵀ for n (up to 3) matrices: one launch where their types and widths agree.
+  // y[i] = x · w[i]ᵀ for n (up to 3) matrices: one launch where their types
+  // and widths agree; x quantized once where the precision is int8.
+  // `quantized`: x_q8 already holds x quantized (written with it by a norm
+  // or silu_mul through q8_output).
   void matmul_same_input(std::initializer_list<cuda::WeightMatrix> w, std::initializer_list<float*> y,
-                         const float* x, int64_t rows);
+                         const float* x, int64_t rows, bool quantized = false);
+  // Whether a matmul of w on `rows` activation rows takes int8 activations.
+  bool int8_input(const cuda::WeightMatrix& w, int64_t rows) const;
+  // Where the op before a matmul of w writes its output quantized as well
+  // (x_q8), or null where that matmul takes f32.
+  const cuda::Q8Activations* q8_output(const cuda::WeightMatrix& w, int64_t rows);
   const float* widen(const float* x, int64_t rows, int64_t width, int64_t full, int64_t offset);
   void all_reduce(float* data, size_t n);
   uint8_t* mirror_page(int32_t page);
@@ -132,6 +144,7 @@ struct CudaForwardPass::Impl {
   KvCache& cache;
   ThreadPool& pool;
   int device;
+  cpu::ActivationPrecision precision;
   Stream owned_stream;
   cudaStream_t stream = nullptr;  // owned_stream's
 #ifdef LAZYKV_HAVE_NCCL
@@ -157,6 +170,9 @@ struct CudaForwardPass::Impl {
   DeviceBuffer<float> x, xn, q, k, v, attn, tmp, gate, up, logits, wide, probs, attn_scratch;
   DeviceBuffer<uint16_t> k16, v16;  // f16 K/V rows: one layer's, every layer's with device_appends
   DeviceBuffer<int32_t> positions;
+  DeviceBuffer<int8_t> x_q8;                    // int8 precision: a matmul's input quantized
+  DeviceBuffer<float> x_q8_d, x_q8_s;
+  cuda::Q8Activations q8_view{};                // the three, as q8_output hands them out
   DeviceBuffer<cuda::KvRowTarget> row_targets;  // device_appends: [layer][targets]
   DeviceBuffer<uint8_t> staged_pages;           // [pages][page_bytes], then their destinations
   DeviceBuffer<const uint16_t*> tables;         // page tables of a layer (every layer with device_appends)
@@ -177,8 +193,14 @@ struct CudaForwardPass::Impl {
 };
 
 CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group_, KvCache& cache_, ThreadPool& pool_,
-                            int device_)
-    : shard(shard_), group(group_), model(shard_.model()), cache(cache_), pool(pool_), device(device_) {
+                            int device_, cpu::ActivationPrecision precision_)
+    : shard(shard_),
+      group(group_),
+      model(shard_.model()),
+      cache(cache_),
+      pool(pool_),
+      device(device_),
+      precision(precision_) {
   if (group.world() != shard.world() || group.rank() != shard.rank()) {
     throw Error(ErrorCode::kInvalidArgument, "cuda forward: a shard for rank " + std::to_string(shard.rank()) +
                                                  " of " + std::to_string(shard.world()) +
@@ -290,20 +312,37 @@ void CudaForwardPass::Impl::download(void* host, const void* device_ptr, size_t 
   if (bytes > 0) LAZYKV_CUDA_CHECK(cudaMemcpyAsync(host, device_ptr, bytes, cudaMemcpyDeviceToHost, stream));
 }
 
+bool CudaForwardPass::Impl::int8_input(const cuda::WeightMatrix& w, int64_t rows) const {
+  return precision == cpu::ActivationPrecision::kInt8 && rows < cuda::kTensorCoreMinRows &&
+         cuda::matmul_q8_supported(w.type);
+}
+
+const cuda::Q8Activations* CudaForwardPass::Impl::q8_output(const cuda::WeightMatrix& w, int64_t rows) {
+  if (!int8_input(w, rows)) return nullptr;
+  q8_view = {x_q8.data(), x_q8_d.data(), x_q8_s.data()};  // sized by prepare
+  return &q8_view;
+}
+
 void CudaForwardPass::Impl::matmul(const cuda::WeightMatrix& w, const float* in, int64_t rows, float* out) {
   if (rows >= cuda::kTensorCoreMinRows) return gemm->run(w, in, rows, out);
-  cuda::matmul(w, in, rows, out, stream);
+  matmul_same_input({w}, {out}, in, rows);
 }
 
 void CudaForwardPass::Impl::matmul_same_input(std::initializer_list<cuda::WeightMatrix> w,
-                                              std::initializer_list<float*> y, const float* in, int64_t rows) {
+                                              std::initializer_list<float*> y, const float* in, int64_t rows,
+                                              bool quantized) {
+  const cuda::WeightMatrix& first = *w.begin();
   const bool alike = std::all_of(w.begin(), w.end(), [&](const cuda::WeightMatrix& m) {
-    return m.type == w.begin()->type && m.cols == w.begin()->cols;
+    return m.type == first.type && m.cols == first.cols;
   });
-  if (alike && rows < cuda::kTensorCoreMinRows) {
-    return cuda::matmul_shared_input(w.begin(), y.begin(), int(w.size()), in, rows, stream);
+  if (!alike || rows >= cuda::kTensorCoreMinRows) {
+    for (size_t i = 0; i < w.size(); ++i) matmul(w.begin()[i], in, rows, y.begin()[i]);
+    return;
   }
-  for (size_t i = 0; i < w.size(); ++i) matmul(w.begin()[i], in, rows, y.begin()[i]);
+  const cuda::Q8Activations* q8 = q8_output(first, rows);
+  if (q8 == nullptr) return cuda::matmul_shared_input(w.begin(), y.begin(), int(w.size()), in, rows, stream);
+  if (!quantized) cuda::quantize_q8(in, rows, first.cols, *q8, stream);
+  cuda::matmul_q8_shared_input(w.begin(), y.begin(), int(w.size()), *q8, rows, stream);
 }
 
 // x [rows][width] as the input of a matrix of `full` columns: at column
@@ -396,6 +435,12 @@ void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) 
   reserve_device(k16, layers_staged * T * kv_dim);
   reserve_device(v16, layers_staged * T * kv_dim);
   reserve_device(positions, T);
+  if (precision == cpu::ActivationPrecision::kInt8) {  // the rows a matmul_q8 may take, at the widest input
+    const size_t q8_rows = std::min<size_t>(std::max<size_t>(T, size_t(rows.n_logit_rows)), cuda::kTensorCoreMinRows - 1);
+    reserve_device(x_q8, q8_rows * size_t(max_matrix_cols));
+    reserve_device(x_q8_d, q8_rows * size_t(max_matrix_cols) / cpu::kQK);
+    reserve_device(x_q8_s, q8_rows * size_t(max_matrix_cols) / cpu::kQK);
+  }
   if (int64_t(T) >= cuda::kTensorCoreMinRows || rows.n_logit_rows >= cuda::kTensorCoreMinRows) {
     gemm->reserve(max_matrix_rows, max_matrix_cols);
   }
@@ -434,7 +479,7 @@ void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) 
   h_tables.reserve(std::max<size_t>(layers_staged * table_entries, 1));
   reserve_device(units, std::max<size_t>(layers_staged * n_units, 1));
   h_units.reserve(std::max<size_t>(layers_staged * n_units, 1));
-  reserve_device(probs, std::max<size_t>(prob_bound, 1));
+  reserve_device(probs, pu.any_policy ? std::max<size_t>(prob_bound, 1) : 1);  // only policies read them
   if (pu.any_policy) h_probs.reserve(std::max<size_t>(prob_bound, 1));
   const size_t scratch_total = cuda::attention_scratch_floats(int64_t(n_units), pu.max_group, c.head_dim, max_slots);
   const size_t scratch_unit = cuda::attention_scratch_floats(1, pu.max_group, c.head_dim, max_slots);
@@ -497,7 +542,7 @@ std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(
     cuda::AttentionUnit& a = h_units.data()[units_at + j];
     a.q = q.data() + r * q_dim + head0 * D;
     a.out = attn.data() + r * q_dim + head0 * D;
-    a.probs = probs.data() + wave.prob_floats;
+    a.probs = pu.any_policy ? probs.data() + wave.prob_floats : nullptr;  // only policies read them
     a.keys = tables.data() + table_of[j];
     a.values = tables.data() + table_of[j] + pages;
     a.n_slots = visible;
@@ -558,14 +603,16 @@ void CudaForwardPass::Impl::write_back_slots(const PassUnits& pu, int64_t T) {
   });
 }
 
+int64_t CudaForwardPass::Impl::kv_rows_at(int l, const PassUnits& pu, int64_t T) const {
+  return pu.device_appends() ? int64_t(l) * T * int64_t(shard.config().n_head_kv) * shard.config().head_dim : 0;
+}
+
 void CudaForwardPass::Impl::append_layer(int l, const PassUnits& pu, int64_t T) {
   const ModelConfig& c = shard.config();
   const int D = c.head_dim;
   const int KV = c.n_head_kv;
   const int64_t kv_dim = int64_t(KV) * D;
-  const int64_t layer_at = pu.device_appends() ? int64_t(l) * T * kv_dim : 0;
-  cuda::to_f16(k.data(), k16.data() + layer_at, T * kv_dim, stream);
-  cuda::to_f16(v.data(), v16.data() + layer_at, T * kv_dim, stream);
+  const int64_t layer_at = kv_rows_at(l, pu, T);
   if (pu.device_appends()) {
     cuda::scatter_kv_rows(k16.data() + layer_at, v16.data() + layer_at,
                           row_targets.data() + size_t(l) * targets_per_layer, int64_t(targets_per_layer), D,
@@ -714,15 +761,20 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
     upload(units.data(), h_units.data(), units_at * sizeof(cuda::AttentionUnit));
   }
 
+  // Each norm and SiLU writes its output quantized too where the matmul after
+  // it takes int8 (q8_output): one launch fewer per matmul input.
+  if (!layers.empty()) {
+    cuda::rms_norm(x.data(), layers[0].attn_norm, xn.data(), T, E, c.rms_eps, stream, q8_output(layers[0].wq, T));
+  }
   for (int l = 0; l < c.n_layer; ++l) {
     const DeviceLayer& w = layers[size_t(l)];
-    cuda::rms_norm(x.data(), w.attn_norm, xn.data(), T, E, c.rms_eps, stream);
-    matmul_same_input({w.wq, w.wk, w.wv}, {q.data(), k.data(), v.data()}, xn.data(), T);
+    matmul_same_input({w.wq, w.wk, w.wv}, {q.data(), k.data(), v.data()}, xn.data(), T, true);
     if (w.bq != nullptr) cuda::add_rows(q.data(), w.bq, T, q_dim, stream);
     if (w.bk != nullptr) cuda::add_rows(k.data(), w.bk, T, kv_dim, stream);
     if (w.bv != nullptr) cuda::add_rows(v.data(), w.bv, T, kv_dim, stream);
-    cuda::rope(q.data(), positions.data(), inv_freq, T, H, D, c.n_rot, model.rope().mscale, c.rope_style, stream);
-    cuda::rope(k.data(), positions.data(), inv_freq, T, KV, D, c.n_rot, model.rope().mscale, c.rope_style, stream);
+    const int64_t rows_at = kv_rows_at(l, pu, T);
+    cuda::rope_qk_to_f16(q.data(), k.data(), v.data(), positions.data(), inv_freq, T, H, KV, D, c.n_rot,
+                         model.rope().mscale, c.rope_style, k16.data() + rows_at, v16.data() + rows_at, stream);
     append_layer(l, pu, T);
     if (pu.device_appends()) {
       attend(l, pu, layer_waves[size_t(l)], size_t(l) * pu.list.size());
@@ -738,16 +790,23 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
     const float* wo_in = w.wo_input_offset < 0 ? attn.data() : widen(attn.data(), T, q_dim, w.wo.cols, w.wo_input_offset);
     matmul(w.wo, wo_in, T, tmp.data());
     all_reduce(tmp.data(), size_t(T * E));
-    cuda::add_inplace(x.data(), tmp.data(), T * E, stream);
-
-    cuda::rms_norm(x.data(), w.ffn_norm, xn.data(), T, E, c.rms_eps, stream);
-    matmul_same_input({w.w_gate, w.w_up}, {gate.data(), up.data()}, xn.data(), T);
-    cuda::silu_mul(gate.data(), up.data(), gate.data(), T * c.n_ff, stream);
-    const float* down_in =
-        w.down_input_offset < 0 ? gate.data() : widen(gate.data(), T, c.n_ff, w.w_down.cols, w.down_input_offset);
-    matmul(w.w_down, down_in, T, tmp.data());
+    cuda::add_rms_norm(x.data(), tmp.data(), w.ffn_norm, xn.data(), T, E, c.rms_eps, stream, q8_output(w.w_gate, T));
+    matmul_same_input({w.w_gate, w.w_up}, {gate.data(), up.data()}, xn.data(), T, true);
+    if (w.down_input_offset < 0) {
+      cuda::silu_mul(gate.data(), up.data(), gate.data(), T * c.n_ff, stream, q8_output(w.w_down, T));
+      matmul_same_input({w.w_down}, {tmp.data()}, gate.data(), T, true);
+    } else {  // a rank's slice of w_down's columns, widened: quantized after widening
+      cuda::silu_mul(gate.data(), up.data(), gate.data(), T * c.n_ff, stream);
+      matmul(w.w_down, widen(gate.data(), T, c.n_ff, w.w_down.cols, w.down_input_offset), T, tmp.data());
+    }
     all_reduce(tmp.data(), size_t(T * E));
-    cuda::add_inplace(x.data(), tmp.data(), T * E, stream);
+    if (l + 1 < c.n_layer) {  // the residual add and the next layer's norm in one launch
+      const DeviceLayer& next = layers[size_t(l) + 1];
+      cuda::add_rms_norm(x.data(), tmp.data(), next.attn_norm, xn.data(), T, E, c.rms_eps, stream,
+                         q8_output(next.wq, T));
+    } else {
+      cuda::add_inplace(x.data(), tmp.data(), T * E, stream);
+    }
   }
 
   // Final norm on the rows that need logits, then the output projection.
@@ -778,8 +837,8 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
 }
 
 CudaForwardPass::CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool,
-                                 int device)
-    : impl_(std::make_unique<Impl>(shard, group, cache, pool, device)) {}
+                                 int device, cpu::ActivationPrecision precision)
+    : impl_(std::make_unique<Impl>(shard, group, cache, pool, device, precision)) {}
 
 CudaForwardPass::~CudaForwardPass() = default;
 

@@ -31,9 +31,13 @@ class CudaForwardPass final : public ForwardBackend {
   // does not read in place become F16). `cache` must be empty and used only
   // through this pass and the policies it drives. In a tensor-parallel group
   // the partial sums are all-reduced on the device when `group` is an
-  // NcclGroup, else through host memory. Throws Error(kUnavailable) when the
-  // device cannot be used, Error(kOutOfMemory) when the weights do not fit.
-  CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device);
+  // NcclGroup, else through host memory. With kInt8 precision the decode
+  // matmuls on Q4_0, Q4_1 and Q8_0 weights (under kTensorCoreMinRows rows)
+  // take int8 activations (cuda::matmul_q8_shared_input). Throws
+  // Error(kUnavailable) when the device cannot be used, Error(kOutOfMemory)
+  // when the weights do not fit.
+  CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device,
+                  cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32);
   ~CudaForwardPass() override;
   CudaForwardPass(const CudaForwardPass&) = delete;
   CudaForwardPass& operator=(const CudaForwardPass&) = delete;

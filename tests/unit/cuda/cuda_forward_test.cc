@@ -51,12 +51,13 @@ struct Generation {
 // A prompt then n greedy tokens of one sequence on `device`, under `policy`
 // (null: none), through one rank of `group`.
 Generation generate(ComputeDevice device, const Model& model, TensorParallelGroup& group, const PolicyConfig* policy,
-                    const std::vector<int32_t>& prompt, int n) {
+                    const std::vector<int32_t>& prompt, int n,
+                    cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32) {
   ModelShard shard(model, group.rank(), group.world());
   const ModelConfig& c = shard.config();
   KvCache cache({c.n_layer, c.n_head_kv, c.head_dim, 16, 0});
   ThreadPool pool(2);
-  const auto pass = make_forward_backend(device, 0, shard, group, cache, pool, cpu::ActivationPrecision::kF32);
+  const auto pass = make_forward_backend(device, 0, shard, group, cache, pool, precision);
   std::unique_ptr<EvictionPolicy> p;
   if (policy != nullptr) {
     PolicyShape shape = policy_shape(c, int32_t(prompt.size()), int32_t(prompt.size()) + n);
@@ -78,9 +79,10 @@ Generation generate(ComputeDevice device, const Model& model, TensorParallelGrou
 }
 
 Generation generate(ComputeDevice device, const Model& model, const PolicyConfig* policy,
-                    const std::vector<int32_t>& prompt, int n) {
+                    const std::vector<int32_t>& prompt, int n,
+                    cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32) {
   SoloGroup solo;
-  return generate(device, model, solo, policy, prompt, n);
+  return generate(device, model, solo, policy, prompt, n, precision);
 }
 
 void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, float tolerance) {
@@ -121,6 +123,33 @@ TEST_F(CudaForwardTest, ConvertedWeightsAndBiasesStayClose) {
   // F32 matrices become F16 on the device: close, not equal. BF16 keeps its
   // bits (tiled), here under the same bound, with Qwen2's biases.
   for (DType type : {DType::kF32, DType::kBF16}) expect_like_the_cpu(spec(type, "qwen2"), 17, 16, 5e-2f);
+}
+
+// int8 activations: the first logits (after the prompt, so no earlier token
+// differs) no further from the exact f32 ones than the CPU's own int8 mode
+// is (3x its largest error: the GPU keeps each block's scale in f32 where
+// the CPU's Q8_0/Q8_1 round it to f16, so both quantize a little
+// differently); a wrong scale or layout lands far outside. And not the f32
+// logits: the int8 kernels ran.
+TEST_F(CudaForwardTest, Int8ActivationsAreAsCloseToF32AsTheCpuInt8Pass) {
+  for (DType type : {DType::kQ8_0, DType::kQ4_1}) {
+    SCOPED_TRACE(dtype_traits(type).name);
+    TinyModel m = load_tiny_model("cuda_fwd_int8", spec(type));
+    const auto prompt = prompt_of(19, int(type));
+    const auto int8 = cpu::ActivationPrecision::kInt8;
+    const Generation cpu_f32 = generate(ComputeDevice::kCpu, *m.model, nullptr, prompt, 1);
+    const Generation cpu_int8 = generate(ComputeDevice::kCpu, *m.model, nullptr, prompt, 1, int8);
+    const Generation gpu_int8 = generate(ComputeDevice::kCuda, *m.model, nullptr, prompt, 1, int8);
+    const Generation gpu_f32 = generate(ComputeDevice::kCuda, *m.model, nullptr, prompt, 1);
+    float cpu_error = 0, gpu_error = 0;
+    for (size_t i = 0; i < cpu_f32.logits.size(); ++i) {
+      cpu_error = std::max(cpu_error, std::abs(cpu_int8.logits[i] - cpu_f32.logits[i]));
+      gpu_error = std::max(gpu_error, std::abs(gpu_int8.logits[i] - cpu_f32.logits[i]));
+    }
+    EXPECT_GT(cpu_error, 0.0f);
+    EXPECT_LT(gpu_error, 3 * cpu_error + 1e-3f) << "cpu int8 error " << cpu_error;
+    EXPECT_NE(gpu_int8.logits, gpu_f32.logits);
+  }
 }
 
 // Two sequences in one pass: one prefills a chunk with every row's logits
