@@ -211,6 +211,7 @@ NormLaunch norm_launch(int64_t n_rows, int64_t n, const Q8Activations* q8, std::
   require(n_rows >= 0 && n > 0, "rms_norm: bad shape");
   require(n_rows < (int64_t(1) << 31), "rms_norm: too many rows");
   require(q8 == nullptr || n % detail::kQ8Block == 0, "rms_norm: a quantized output needs rows a multiple of 32 long");
+  require(q8 == nullptr || reinterpret_cast<uintptr_t>(q8->q) % 16 == 0, "rms_norm: q8.q must be 16-byte aligned");
   bool vec4 = n % 4 == 0;
   for (const void* p : rows) vec4 = vec4 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
   const int64_t steps = vec4 ? n / 4 : n;

@@ -40,9 +40,9 @@ void rms_norm(const float* x,       // [n_rows, n]
               float* y,             // [n_rows, n]
               int64_t n_rows, int64_t n, float eps, cudaStream_t stream, const Q8Activations* q8 = nullptr);
 
-// x += y, then out = rms_norm(x) (bit for bit add_inplace and rms_norm, in
-// one launch: a layer's residual add and the norm after it). out must not
-// alias x or y. q8 as for rms_norm.
+// x += y, then out = rms_norm(x) (bit for bit add_inplace and rms_norm where
+// every pointer is 16-byte aligned, in one launch: a layer's residual add and
+// the norm after it). out must not alias x or y. q8 as for rms_norm.
 void add_rms_norm(float* x,             // [n_rows, n]
                   const float* y,       // [n_rows, n]
                   const float* weight,  // [n]

@@ -284,6 +284,7 @@ TEST_F(CudaOpsTest, MatmulMatchesCpu) {
       {DType::kQ4_0, 64, 2048, 6}, {DType::kQ4_1, 96, 4096, 2}, {DType::kQ8_0, 40, 4096, 3},  // many chunks per warp
       {DType::kQ4_1, 200, 512, 70}, {DType::kQ8_0, 130, 256, 64},  // many passes of 8 rows
       {DType::kQ4_1, 40, 17408, 2},  // 34 chunks per warp: Q4_1's Σx in two windows of 32 chunks
+      {DType::kQ4_1, 8224, 256, 1},  {DType::kQ8_0, 8192, 128, 1},  // 257 and 256 tiles: 8 warps a tile
   };
   ThreadPool pool(2);
   for (const MatmulCase& c : cases) {
@@ -454,6 +455,12 @@ void check_quantized_outputs(int64_t rows, int64_t n) {
   check("silu_mul", [&](const Q8Activations* q8) {
     silu_mul(d_x.data(), d_y.data(), d_out.data(), rows * n, nullptr, q8);
   });
+  // Rows one float off 16-byte alignment: the one-float-a-lane path.
+  DeviceBuffer<float> shifted(rows * n + 1);
+  LAZYKV_CUDA_CHECK(cudaMemcpy(shifted.data() + 1, d_x.data(), x.size() * sizeof(float), cudaMemcpyDeviceToDevice));
+  check("rms_norm, unaligned input", [&](const Q8Activations* q8) {
+    rms_norm(shifted.data() + 1, d_w.data(), d_out.data(), rows, n, 1e-5f, nullptr, q8);
+  });
   DeviceQ8 q8(rows, n);
   const Q8Activations view = q8.view();
   expect_invalid([&] { rms_norm(d_x.data(), d_w.data(), d_out.data(), 1, 100, 1e-5f, nullptr, &view); });
@@ -479,7 +486,8 @@ TEST_F(CudaOpsTest, MatmulQ8MatchesTheExactProductOfQuantizedActivations) {
   const std::vector<MatmulCase> cases = {
       {DType::kQ4_1, 37, 256, 1}, {DType::kQ4_1, 64, 1024, 5}, {DType::kQ4_0, 33, 512, 1}, {DType::kQ4_0, 64, 2048, 6},
       {DType::kQ8_0, 37, 256, 1}, {DType::kQ8_0, 64, 1024, 8}, {DType::kQ4_1, 96, 4096, 2}, {DType::kQ8_0, 40, 4096, 3},
-      {DType::kQ4_1, 130, 512, 19},  // three passes of 8 rows and a partial one
+      {DType::kQ4_1, 130, 512, 19},  // two passes of 8 rows and a partial one: 32 warps a tile
+      {DType::kQ4_1, 8224, 256, 1},  {DType::kQ8_0, 8192, 128, 3},  // 257 and 256 tiles: 8 warps a tile
   };
   for (const MatmulCase& c : cases) {
     const std::string name = case_name(c);
@@ -664,11 +672,12 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
     }
     out_expected.insert(out_expected.end(), out.begin(), out.end());
   }
-  // The cases once (8 units: the smallest splits, 32 slots), 8 times (128)
-  // and 64 times (256): the split size follows the launch's unit count.
+  // The cases once (8 units: the smallest splits, 32 slots), 4 times (64),
+  // 8 times (128) and 64 times (256): the split size follows the launch's
+  // unit count.
   // Odd copies write no probabilities (null), as a pass without a policy.
   DeviceBuffer<float> d_q(q_all);
-  for (const int copies : {1, 8, 64}) {
+  for (const int copies : {1, 4, 8, 64}) {
     SCOPED_TRACE("copies " + std::to_string(copies));
     DeviceBuffer<float> d_out(copies * out_expected.size());
     DeviceBuffer<float> d_probs(std::max<size_t>(copies * probs_expected.size(), 1));
