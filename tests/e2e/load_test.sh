@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A bounded load test: 64 concurrent streams against `lazykv serve` in rounds
 # of LOAD_SECONDS (default 15; each round also waits for its 64 streams in
-# flight, so about 40 s) with the load generator (`lazykv bench-serve`).
+# flight, 32 tokens each, so about 25 s) with the load generator
+# (`lazykv bench-serve`).
 # Passes when no request fails, nothing is left running or cached
 # afterwards, and the server's memory does not keep growing: once a round
 # leaves the KV page pool's high-water mark where the round before left it,
@@ -41,7 +42,7 @@ done
 max_rounds=${MAX_ROUNDS:-6}
 compared=0
 for round in $(seq 1 "$max_rounds"); do
-  "$bin" bench-serve --url "$url" --concurrency "$streams" --duration "$seconds" --max-tokens 48 \
+  "$bin" bench-serve --url "$url" --concurrency "$streams" --duration "$seconds" --max-tokens 32 \
     --prompt-tokens-approx 64 --temperature 0.7 --seed "$round" >"$work/round.json"
   code=$?
   check "round $round: bench-serve exit $code" test "$code" = 0
