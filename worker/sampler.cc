@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/sampling_limits.h"
 
 namespace lazykv {
 
@@ -15,17 +16,26 @@ void SamplingParams::validate() const {
   if (top_k < 0) bad("top_k must be >= 0 (0 = off)");
   if (!(top_p > 0.0f && top_p <= 1.0f)) bad("top_p must be in (0, 1]");
   if (!(min_p >= 0.0f && min_p <= 1.0f)) bad("min_p must be in [0, 1]");
-  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) bad("presence_penalty must be in [-2, 2]");
-  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) bad("frequency_penalty must be in [-2, 2]");
-  if (!(repetition_penalty >= 0.01f && repetition_penalty <= 100.0f)) {
+  // The API's bounds (common/sampling_limits.h), held here too: a worker
+  // serves remote coordinators.
+  using namespace sampling_limits;
+  // In float, as the values arrive: the API checked them as doubles before
+  // narrowing, so a bound itself (0.01) must pass here too.
+  const auto within = [](float v, double lo, double hi) { return v >= float(lo) && v <= float(hi); };
+  if (!within(presence_penalty, -kMaxAbsPenalty, kMaxAbsPenalty)) bad("presence_penalty must be in [-2, 2]");
+  if (!within(frequency_penalty, -kMaxAbsPenalty, kMaxAbsPenalty)) bad("frequency_penalty must be in [-2, 2]");
+  if (!within(repetition_penalty, kMinRepetitionPenalty, kMaxRepetitionPenalty)) {
     bad("repetition_penalty must be in [0.01, 100] (1 = off)");
   }
-  // The API's caps, held here too: a worker serves remote coordinators.
-  if (logit_bias.size() > kMaxLogitBias) bad("logit_bias has more than " + std::to_string(kMaxLogitBias) + " entries");
+  if (logit_bias.size() > kMaxLogitBiasEntries) {
+    bad("logit_bias has more than " + std::to_string(kMaxLogitBiasEntries) + " entries");
+  }
   if (end_tokens.size() > kMaxEndTokens) bad("more than " + std::to_string(kMaxEndTokens) + " end tokens");
   for (const auto& [token, bias] : logit_bias) {
     if (token < 0) bad("logit_bias: token id " + std::to_string(token) + " is negative");
-    if (!(bias >= -100.0f && bias <= 100.0f)) bad("logit_bias: the bias of token " + std::to_string(token) + " must be in [-100, 100]");
+    if (!within(bias, -kMaxAbsLogitBias, kMaxAbsLogitBias)) {
+      bad("logit_bias: the bias of token " + std::to_string(token) + " must be in [-100, 100]");
+    }
   }
   if (min_tokens < 0) bad("min_tokens must be >= 0");
   for (int32_t token : end_tokens) {

@@ -16,7 +16,6 @@
 namespace lazykv {
 
 struct SamplingParams {
-  static constexpr size_t kMaxLogitBias = 1024;
   static constexpr size_t kMaxEndTokens = 1024;
 
   float temperature = 0.0f;  // 0: greedy

@@ -9,6 +9,7 @@
 #include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/quote.h"
+#include "common/sampling_limits.h"
 #include "common/utf8.h"
 
 namespace lazykv::api {
@@ -132,11 +133,11 @@ double get_number_in(const Json& value, const std::string& field, NumberRange ra
 constexpr NumberRange kTemperatureRange{0, 2};
 constexpr NumberRange kTopPRange{0, 1, true};
 constexpr NumberRange kMinPRange{0, 1};
-constexpr NumberRange kPenaltyRange{-2, 2};
-// Below 0.01 a seen logit divided by it overflows float.
-constexpr NumberRange kRepetitionPenaltyRange{0.01, 100};
-constexpr NumberRange kLogitBiasRange{-100, 100};
-constexpr size_t kMaxLogitBiasEntries = 1024;
+constexpr NumberRange kPenaltyRange{-sampling_limits::kMaxAbsPenalty, sampling_limits::kMaxAbsPenalty};
+constexpr NumberRange kRepetitionPenaltyRange{sampling_limits::kMinRepetitionPenalty,
+                                              sampling_limits::kMaxRepetitionPenalty};
+constexpr NumberRange kLogitBiasRange{-sampling_limits::kMaxAbsLogitBias, sampling_limits::kMaxAbsLogitBias};
+using sampling_limits::kMaxLogitBiasEntries;
 constexpr size_t kMaxTools = 128;
 
 // What is known about the request while its fields are read; the rules that

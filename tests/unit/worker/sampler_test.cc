@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/sampling_limits.h"
 
 namespace lazykv {
 namespace {
@@ -106,8 +107,14 @@ TEST(Sampler, RejectsInvalidParameters) {
   EXPECT_THROW(Sampler{p}, Error);
   p.repetition_penalty = 1e-30f;  // would turn a seen logit into infinity
   EXPECT_THROW(Sampler{p}, Error);
+  // The bounds themselves pass, as the API's double narrowed to float.
+  p.repetition_penalty = float(0.01);
+  p.presence_penalty = -2.0f;
+  p.frequency_penalty = 2.0f;
+  p.logit_bias = {{3, 100.0f}, {4, -100.0f}};
+  EXPECT_NO_THROW(Sampler{p});
   p = {};
-  p.logit_bias.assign(SamplingParams::kMaxLogitBias + 1, {1, 1.0f});
+  p.logit_bias.assign(sampling_limits::kMaxLogitBiasEntries + 1, {1, 1.0f});
   EXPECT_THROW(Sampler{p}, Error);
   p = {};
   p.logit_bias = {{3, 100.5f}};
