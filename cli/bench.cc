@@ -47,9 +47,9 @@ std::vector<int32_t> bench_tokens(int n, int n_vocab, uint32_t salt) {
 
 struct Bench {
   Bench(const Model& model_, ThreadPool& pool_, cpu::ActivationPrecision precision_, int reps_, ComputeDevice device_,
-        int cuda_device_)
+        int cuda_device_, bool cuda_graphs_)
       : model(model_), pool(pool_), precision(precision_), reps(reps_), device(device_), cuda_device(cuda_device_),
-        shard(model_, 0, 1) {}
+        cuda_graphs(cuda_graphs_), shard(model_, 0, 1) {}
 
   const Model& model;
   ThreadPool& pool;
@@ -57,13 +57,14 @@ struct Bench {
   int reps;
   ComputeDevice device;
   int cuda_device;
+  bool cuda_graphs;
   ModelShard shard;
   SoloGroup solo;
 
   // A pass on the benchmarked device (a CUDA pass uploads the weights here,
   // outside every timed region).
   std::unique_ptr<ForwardBackend> pass(KvCache& cache) {
-    return make_forward_backend(device, cuda_device, shard, solo, cache, pool, precision);
+    return make_forward_backend(device, cuda_device, shard, solo, cache, pool, precision, cuda_graphs);
   }
 
   KvCacheConfig cache_config() const {
@@ -212,6 +213,7 @@ int run_bench(const std::vector<std::string>& args) {
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, less exact)")
       .add("device", "cpu", "where the forward pass runs: cpu or cuda")
       .add("cuda-device", "-1", "with --device cuda: the CUDA device (-1: the first)")
+      .add_switch("no-cuda-graphs", "with --device cuda: launch each decode step's kernels one by one (no CUDA graphs)")
       .add("reps", "3", "repetitions; the best is reported")
       .add("prefill-tokens", "", "prompt lengths of the prefill measurements, comma-separated (default 512; "
                                  "cuda 512,4096); the first is also prefill_tok_s")
@@ -233,7 +235,7 @@ int run_bench(const std::vector<std::string>& args) {
   LoadedModel m = load_model(flags.get("model"));
   ThreadPool pool(int(flags.get_int("threads")));
   Bench bench(*m.model, pool, parse_activations(flags.get("activations")), std::max(1, int(flags.get_int("reps"))),
-              device, cuda_device);
+              device, cuda_device, !flags.get_bool("no-cuda-graphs"));
   const int steps = std::max(1, int(flags.get_int("decode-steps")));
   const bool cuda = device == ComputeDevice::kCuda;
   const std::vector<int> prefills = positive_list(flags, "prefill-tokens", cuda ? "512,4096" : "512");
@@ -248,6 +250,7 @@ int run_bench(const std::vector<std::string>& args) {
   if (cuda_device >= 0) out["cuda_device"] = cuda_device;
   out["threads"] = pool.size();
   out["activations"] = flags.get("activations");
+  if (cuda) out["cuda_graphs"] = !flags.get_bool("no-cuda-graphs");
   const PolicyConfig policy = policy_from_flags(flags);
   if (!flags.get_bool("policy-only")) {
     out["prefill_tokens"] = prefills.front();

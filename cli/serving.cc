@@ -88,7 +88,9 @@ void add_local_worker_flags(Flags& flags) {
       .add("kv-cache-mib", "1024", "KV cache capacity in MiB (all sequences together)")
       .add("device", "cpu", "where the forward pass runs: cpu, or cuda (a GPU; needs a build with the CUDA toolkit)")
       .add("cuda-device", "-1",
-           "with --device cuda or --collective nccl: this rank's CUDA device (-1: rank modulo the devices)");
+           "with --device cuda or --collective nccl: this rank's CUDA device (-1: rank modulo the devices)")
+      .add_switch("no-cuda-graphs", "with --device cuda: launch a decode step's kernels one by one instead of "
+                                    "replaying a captured CUDA graph");
   add_tier_flags(flags);
 }
 
@@ -108,6 +110,7 @@ LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tok
   options.precision = parse_activations(flags.get("activations"));
   options.device = parse_compute_device(flags.get("device"));
   options.cuda_device = check_device_flags(flags, rank);
+  options.cuda_graphs = !flags.get_bool("no-cuda-graphs");
   return options;
 }
 

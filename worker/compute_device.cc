@@ -57,12 +57,13 @@ int check_compute_device(ComputeDevice device, int cuda_device, int rank) {
 
 std::unique_ptr<ForwardBackend> make_forward_backend(ComputeDevice device, int cuda_device, const ModelShard& shard,
                                                      TensorParallelGroup& group, KvCache& cache, ThreadPool& pool,
-                                                     cpu::ActivationPrecision precision) {
+                                                     cpu::ActivationPrecision precision, bool cuda_graphs) {
   if (device == ComputeDevice::kCpu) return std::make_unique<ForwardPass>(shard, group, cache, pool, precision);
 #ifdef LAZYKV_HAVE_CUDA
-  return std::make_unique<CudaForwardPass>(shard, group, cache, pool, cuda_device, precision);
+  return std::make_unique<CudaForwardPass>(shard, group, cache, pool, cuda_device, precision, cuda_graphs);
 #else
   (void)cuda_device;
+  (void)cuda_graphs;
   throw Error(ErrorCode::kUnavailable, "--device cuda: this lazykv was built without the CUDA backend");
 #endif
 }

@@ -35,9 +35,10 @@ int pick_cuda_device(int cuda_device, int rank, const std::string& who);
 // negative index other than -1 is Error(kInvalidArgument).
 int check_compute_device(ComputeDevice device, int cuda_device, int rank);
 
-// The forward pass for `device` (cuda_device as check_compute_device returned).
+// The forward pass for `device` (cuda_device as check_compute_device returned;
+// cuda_graphs: CudaForwardPass's use_graphs).
 std::unique_ptr<ForwardBackend> make_forward_backend(ComputeDevice device, int cuda_device, const ModelShard& shard,
                                                      TensorParallelGroup& group, KvCache& cache, ThreadPool& pool,
-                                                     cpu::ActivationPrecision precision);
+                                                     cpu::ActivationPrecision precision, bool cuda_graphs = true);
 
 }  // namespace lazykv

@@ -31,7 +31,7 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
       shard_(model, group.rank(), group.world()),
       cache_({model.config().n_layer, shard_.config().n_head_kv, model.config().head_dim, 64, options.kv_capacity_bytes}),
       forward_(make_forward_backend(options.device, options.cuda_device, shard_, group_, cache_, pool_,
-                                    options.precision)) {
+                                    options.precision, options.cuda_graphs)) {
   if (options_.n_ctx <= 0) options_.n_ctx = model.config().n_ctx_train;
   if (options_.n_vocab <= 0 || options_.n_vocab > model.config().n_vocab) options_.n_vocab = model.config().n_vocab;
 }

@@ -28,6 +28,7 @@ struct LocalWorkerOptions {
   cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32;  // the CPU pass's matmuls
   ComputeDevice device = ComputeDevice::kCpu;
   int cuda_device = 0;              // with kCuda: as check_compute_device returned it
+  bool cuda_graphs = true;          // with kCuda: decode steps replayed as CUDA graphs
 };
 
 class LocalWorker final : public StepExecutor {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of the CUDA engine, on a machine with a GPU:
-# the CUDA tests, the decode matmul against the GPU's own copy rate
-# (cuda_matmul_bandwidth), `lazykv bench --device cuda` on each model, and
+# the CUDA tests, the decode matmul and attention against the GPU's own copy
+# rate (cuda_matmul_bandwidth, cuda_attention_bandwidth), `lazykv bench
+# --device cuda` on each model (CUDA graphs on, and once off), and
 # llama.cpp's CUDA build on the same files when its bin folder is given.
 # Builds nothing; writes each step's output to OUT_DIR as it finishes (so a
 # run cut short keeps what it did) and OUT_DIR/summary.json with the ratios.
@@ -11,7 +12,8 @@
 #   once to OUT_DIR/models by `lazykv synth-model` so both engines read it
 #   env:   LAZYKV_BIN (build/cli/lazykv), LAZYKV_CUDA_TESTS
 #          (build/tests/lazykv_cuda_tests), LAZYKV_MATMUL_BENCH
-#          (build/bench/cuda_matmul_bandwidth), BENCH_FLAGS (extra `lazykv
+#          (build/bench/cuda_matmul_bandwidth), LAZYKV_ATTENTION_BENCH
+#          (build/bench/cuda_attention_bandwidth), BENCH_FLAGS (extra `lazykv
 #          bench` flags, e.g. "--reps 1"), INT8_BENCH_FLAGS (the same for the
 #          run with --activations int8; default BENCH_FLAGS), SKIP_INT8=1 (no
 #          int8 run), SKIP_KERNELS=1 (no tests and no
@@ -33,6 +35,7 @@ done
 lazykv=${LAZYKV_BIN:-$root/build/cli/lazykv}
 tests=${LAZYKV_CUDA_TESTS:-$root/build/tests/lazykv_cuda_tests}
 matmul=${LAZYKV_MATMUL_BENCH:-$root/build/bench/cuda_matmul_bandwidth}
+attention=${LAZYKV_ATTENTION_BENCH:-$root/build/bench/cuda_attention_bandwidth}
 mkdir -p "$out"
 for i in "${!models[@]}"; do
   m=${models[$i]}
@@ -56,6 +59,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 if [ -z "${SKIP_KERNELS:-}" ]; then
   step cuda_tests "$tests" --gtest_output=json:"$out/cuda_tests.json"
   step matmul_bandwidth "$matmul" 50
+  step attention_bandwidth "$attention" 50
 fi
 for m in "${models[@]}"; do
   name=$(basename "$m" .gguf)
@@ -65,6 +69,9 @@ for m in "${models[@]}"; do
   # shellcheck disable=SC2086
   [ -n "${SKIP_INT8:-}" ] || step "lazykv_${name}_int8" "$lazykv" bench --device cuda --model "$m" --activations int8 \
     ${INT8_BENCH_FLAGS:-${BENCH_FLAGS:-}}
+  # The same decode launching kernel by kernel: what the CUDA graphs save.
+  step "lazykv_${name}_no_graphs" "$lazykv" bench --device cuda --model "$m" --no-cuda-graphs --reps 2 \
+    --prefill-tokens 16 --decode-contexts 128 --decode-batches 8
   if [ -n "$llama" ]; then
     # pp512, pp4096 and tg128 with every layer on the GPU and flash attention (its fastest);
     # decode after 2048 and 8192 tokens of context (batched-bench: S_TG).
@@ -102,7 +109,8 @@ def s_tg(path):  # llama-batched-bench: S_TG t/s of the last table row
         return float(rows[-1].split("|")[8])
     except (OSError, IndexError, ValueError):
         return None
-summary = {"matmul": load(f"{out}/matmul_bandwidth.out"), "models": {}}
+summary = {"matmul": load(f"{out}/matmul_bandwidth.out"), "attention": load(f"{out}/attention_bandwidth.out"),
+           "models": {}}
 tests = load(f"{out}/cuda_tests.json")
 if tests:
     summary["cuda_tests"] = {k: tests.get(k) for k in ("tests", "failures", "disabled", "errors")}
@@ -110,7 +118,7 @@ for m in models:
     name = os.path.basename(m)[: -len(".gguf")] if m.endswith(".gguf") else os.path.basename(m)
     ours = load(f"{out}/lazykv_{name}.out") or {}
     ours_int8 = load(f"{out}/lazykv_{name}_int8.out") or {}
-    entry = {"lazykv": ours, "lazykv_int8": ours_int8}
+    entry = {"lazykv": ours, "lazykv_int8": ours_int8, "lazykv_no_graphs": load(f"{out}/lazykv_{name}_no_graphs.out")}
     bench = load(f"{out}/llama_{name}.out")
     if bench:
         peer = {}

@@ -25,8 +25,8 @@ constexpr int kMinSplitSlots = kWarpSize;
 constexpr int64_t kTargetSplitBlocks = 512;
 constexpr int kScoreGroup = 8;         // queries per pass over a split's keys
 constexpr int kValueGroup = 4;         // queries per pass over its values
-constexpr int kMaxDimsPerLane = 4;     // head_dim up to 128
-constexpr int kKeyBatch = 16;          // key elements a thread loads at once
+constexpr int kMaxDimsPerLane = 4;     // head_dim up to 128; a lane's neighbouring value dimensions
+constexpr int kKeyBatch = 16;          // key element pairs a thread loads at once
 
 __device__ __forceinline__ const uint16_t* slot_row(const uint16_t* const* pages, int32_t page_slots, int32_t slot,
                                                     int head_dim) {
@@ -122,8 +122,8 @@ __global__ void weighted_values_kernel(const float* __restrict__ probs, int head
 // each value element once for kValueGroup, so the group shares the reads.
 // Dynamic shared memory: q [max_group, head_dim], scores [max_group,
 // kMaxSplitSlots], weights [kValueGroup, kMaxSplitSlots], then one area that
-// holds first the score parts [kScoreGroup, kThreads] and later the warps'
-// partial value sums [kWarps, kValueGroup, head_dim].
+// holds first the score parts [kScoreGroup, 2 * kThreads] and later the
+// warps' partial value sums [kWarps, kValueGroup, head_dim].
 __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
                                        int32_t page_slots, float scale, int split_slots,
                                        float* __restrict__ scratch) {
@@ -139,26 +139,33 @@ __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, 
   float* partial = weight + kValueGroup * kMaxSplitSlots;
   const int n_group = u.n_group;
   const int32_t n = u.n_slots;
-  for (int i = threadIdx.x; i < n_group * head_dim; i += blockDim.x) q[i] = u.q[i];
+  const int per_token = n_group / u.n_tokens;
+  for (int i = threadIdx.x; i < n_group * head_dim; i += blockDim.x) {
+    const int g = i / head_dim;
+    q[i] = u.q[int64_t(g / per_token) * u.token_stride + (g % per_token) * head_dim + i % head_dim];
+  }
   __syncthreads();
-  // Scores: thread (part, slot) takes dimensions part, part + parts, ... of
-  // one slot, so a warp reads 32 neighbouring slots of each key row of a page
-  // (keys are [head_dim][page_slots] within a page); the parts meet in
-  // shared memory.
-  const int parts = kThreads / split_slots;
-  const int part = int(threadIdx.x) / split_slots;
-  const int32_t s = first + int32_t(threadIdx.x) % split_slots;
+  // Scores: thread (part, pair) takes dimensions part, part + parts, ... of
+  // two neighbouring slots, one 4-byte load each, so a warp reads 64
+  // neighbouring slots of each key row of a page (keys are [head_dim]
+  // [page_slots] within a page; page_slots is even, so a pair shares a page);
+  // the parts meet in shared memory.
+  const int pairs = split_slots / 2;
+  const int parts = kThreads / pairs;
+  const int part = int(threadIdx.x) / pairs;
+  const int32_t s = first + 2 * (int32_t(threadIdx.x) % pairs);
   const uint16_t* kp = s < last ? u.keys[s / page_slots] + s % page_slots : nullptr;
   for (int g0 = 0; g0 < n_group; g0 += kScoreGroup) {
-    float dot[kScoreGroup] = {};
-    // kKeyBatch key elements loaded before any is used: one memory round
-    // trip per batch, not per element.
+    float dot[kScoreGroup][2] = {};
+    // kKeyBatch pairs loaded before any is used: one memory round trip per
+    // batch, not per element.
     for (int d0 = part; kp != nullptr && d0 < head_dim; d0 += kKeyBatch * parts) {
-      float key[kKeyBatch];
+      float2 key[kKeyBatch];
 #pragma unroll
       for (int b = 0; b < kKeyBatch; ++b) {
         const int d = d0 + b * parts;
-        key[b] = d < head_dim ? f16_bits_to_float(kp[int64_t(d) * page_slots]) : 0.0f;
+        key[b] = d < head_dim ? __half22float2(*reinterpret_cast<const __half2*>(kp + int64_t(d) * page_slots))
+                              : make_float2(0.0f, 0.0f);
       }
 #pragma unroll
       for (int b = 0; b < kKeyBatch; ++b) {
@@ -166,32 +173,44 @@ __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, 
         if (d >= head_dim) break;
 #pragma unroll
         for (int i = 0; i < kScoreGroup; ++i) {
-          if (g0 + i < n_group) dot[i] = fmaf(q[(g0 + i) * head_dim + d], key[b], dot[i]);
+          if (g0 + i >= n_group) break;
+          const float qd = q[(g0 + i) * head_dim + d];
+          dot[i][0] = fmaf(qd, key[b].x, dot[i][0]);
+          dot[i][1] = fmaf(qd, key[b].y, dot[i][1]);
         }
       }
     }
+    // partial[i][part][slot - first]: parts * split_slots = 2 * kThreads per query.
+    const int local0 = 2 * (int(threadIdx.x) % pairs);
 #pragma unroll
-    for (int i = 0; i < kScoreGroup; ++i) partial[i * kThreads + threadIdx.x] = dot[i];
+    for (int i = 0; i < kScoreGroup; ++i) {
+      partial[i * 2 * kThreads + part * split_slots + local0] = dot[i][0];
+      partial[i * 2 * kThreads + part * split_slots + local0 + 1] = dot[i][1];
+    }
     __syncthreads();
     for (int e = threadIdx.x; e < kScoreGroup * split_slots; e += blockDim.x) {
       const int i = e / split_slots, local = e % split_slots;
       if (g0 + i >= n_group || first + local >= last) continue;
       float total = 0.0f;
-      for (int p = 0; p < parts; ++p) total += partial[i * kThreads + p * split_slots + local];
-      if (u.probs != nullptr) u.probs[int64_t(g0 + i) * n + first + local] = scale * total;
-      scores[(g0 + i) * kMaxSplitSlots + local] = scale * total;
+      for (int p = 0; p < parts; ++p) total += partial[i * 2 * kThreads + p * split_slots + local];
+      // Past its token's slots (a unit of several tokens): masked.
+      const int32_t visible = n - (u.n_tokens - 1 - (g0 + i) / per_token);
+      const float score = first + local < visible ? scale * total : -INFINITY;
+      if (u.probs != nullptr) u.probs[int64_t(g0 + i) * n + first + local] = score;
+      scores[(g0 + i) * kMaxSplitSlots + local] = score;
     }
     __syncthreads();  // partial is rewritten by the next queries; scores are read below
   }
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const bool own_slot = int(threadIdx.x) < split_slots && s < last;  // the thread of its slot's weights
+  // Thread t holds slot first + t's weights.
+  const bool own_slot = int(threadIdx.x) < split_slots && first + int32_t(threadIdx.x) < last;
   float* state = scratch + (int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * max_group * (head_dim + 2);
   for (int g0 = 0; g0 < n_group; g0 += kValueGroup) {
     const int n_value = min(kValueGroup, n_group - g0);
     for (int i = 0; i < n_value; ++i) {
       const float score = own_slot ? scores[(g0 + i) * kMaxSplitSlots + threadIdx.x] : -INFINITY;
-      const float m = block_max(score, reduce);
-      const float e = own_slot ? expf(score - m) : 0.0f;
+      const float m = block_max(score, reduce);  // -inf: every slot of the split masked for this query
+      const float e = own_slot && score != -INFINITY ? expf(score - m) : 0.0f;
       weight[i * kMaxSplitSlots + threadIdx.x] = e;
       const float l = block_sum(e, reduce);  // its barriers publish weight[]
       if (threadIdx.x == 0) {
@@ -200,28 +219,28 @@ __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, 
       }
     }
     // Σ e_s v_s: warp w sums slots w, w + kWarps, ... for every query of the
-    // group at once, lane over dimensions.
+    // group at once; lane takes kMaxDimsPerLane neighbouring dimensions, one
+    // 8-byte load (head_dim is a multiple of 4).
     float acc[kValueGroup][kMaxDimsPerLane] = {};
+    const int d0 = lane * kMaxDimsPerLane;
+    if (d0 < head_dim) {
 #pragma unroll 4
-    for (int32_t t = first + warp; t < last; t += kWarps) {
-      const uint16_t* v = slot_row(u.values, page_slots, t, head_dim);
-#pragma unroll
-      for (int j = 0; j < kMaxDimsPerLane; ++j) {
-        const int d = lane + j * kWarpSize;
-        if (d >= head_dim) break;
-        const float value = f16_bits_to_float(v[d]);
+      for (int32_t t = first + warp; t < last; t += kWarps) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(slot_row(u.values, page_slots, t, head_dim) + d0);
+        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+        const float value[kMaxDimsPerLane] = {lo.x, lo.y, hi.x, hi.y};
 #pragma unroll
         for (int i = 0; i < kValueGroup; ++i) {
-          acc[i][j] = fmaf(weight[i * kMaxSplitSlots + (t - first)], value, acc[i][j]);
+          const float w = weight[i * kMaxSplitSlots + (t - first)];
+#pragma unroll
+          for (int j = 0; j < kMaxDimsPerLane; ++j) acc[i][j] = fmaf(w, value[j], acc[i][j]);
         }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < kValueGroup; ++i) {
+      for (int i = 0; i < kValueGroup; ++i) {
 #pragma unroll
-      for (int j = 0; j < kMaxDimsPerLane; ++j) {
-        const int d = lane + j * kWarpSize;
-        if (d < head_dim) partial[(warp * kValueGroup + i) * head_dim + d] = acc[i][j];
+        for (int j = 0; j < kMaxDimsPerLane; ++j) partial[(warp * kValueGroup + i) * head_dim + d0 + j] = acc[i][j];
       }
     }
     __syncthreads();
@@ -235,37 +254,45 @@ __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, 
   }
 }
 
-// One block per unit, a warp per query: the splits' states merged (the
-// global max M, the sum S = Σ l_j·exp(m_j - M)), out = Σ o_j·exp(m_j - M) / S,
-// and the raw scores in probs turned into probabilities exp(score - M) / S.
-// Lanes take the splits, then the dimensions, then the slots, so a query's
-// loads go out together rather than one split after another.
+// Block (unit, query): the splits' states merged (the global max M, the sum
+// S = Σ l_j·exp(m_j - M)), out = Σ o_j·exp(m_j - M) / S, and the raw scores
+// in probs turned into probabilities exp(score - M) / S. Thread (part, d)
+// sums dimension d over splits part, part + parts, ..., so a long context's
+// many splits are read by the whole block at once.
 __global__ void attention_combine_kernel(const AttentionUnit* __restrict__ units, int max_group, int head_dim,
                                          int split_slots, int n_splits, const float* __restrict__ scratch) {
+  __shared__ float reduce[32];
+  __shared__ float part_sums[kThreads];
   const AttentionUnit u = units[blockIdx.x];
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = int(blockIdx.y);
+  if (g >= u.n_group) return;
   const int splits = (u.n_slots + split_slots - 1) / split_slots;
-  const float* states = scratch + int64_t(blockIdx.x) * n_splits * max_group * (head_dim + 2);
   const int64_t stride = int64_t(max_group) * (head_dim + 2);  // from a split's state to the next's
-  for (int g = warp; g < u.n_group; g += kWarps) {
-    const float* first = states + g * (head_dim + 2);
-    float max = -INFINITY;
-    for (int j = lane; j < splits; j += kWarpSize) max = fmaxf(max, first[j * stride]);
-    max = warp_max(max);
-    float sum = 0.0f;
-    for (int j = lane; j < splits; j += kWarpSize) sum += first[j * stride + 1] * expf(first[j * stride] - max);
-    sum = warp_sum(sum);
-    const float inv = splits > 0 ? 1.0f / sum : 0.0f;  // no slots: out = 0, as the CPU
-    for (int d = lane; d < head_dim; d += kWarpSize) {
-      float total = 0.0f;
+  const float* first = scratch + int64_t(blockIdx.x) * n_splits * stride + int64_t(g) * (head_dim + 2);
+  float max = -INFINITY;
+  for (int j = threadIdx.x; j < splits; j += blockDim.x) max = fmaxf(max, first[j * stride]);
+  max = block_max(max, reduce);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < splits; j += blockDim.x) sum += first[j * stride + 1] * expf(first[j * stride] - max);
+  sum = block_sum(sum, reduce);
+  const float inv = splits > 0 ? 1.0f / sum : 0.0f;  // no slots: out = 0, as the CPU
+  const int parts = int(blockDim.x) / head_dim;
+  const int part = int(threadIdx.x) / head_dim, d = int(threadIdx.x) % head_dim;
+  float total = 0.0f;
+  if (part < parts) {
 #pragma unroll 8
-      for (int j = 0; j < splits; ++j) total += first[j * stride + 2 + d] * expf(first[j * stride] - max);
-      u.out[int64_t(g) * head_dim + d] = total * inv;
-    }
-    if (u.probs == nullptr) continue;  // nobody reads them
-    float* row = u.probs + int64_t(g) * u.n_slots;
-    for (int32_t s = lane; s < u.n_slots; s += kWarpSize) row[s] = expf(row[s] - max) * inv;
+    for (int j = part; j < splits; j += parts) total += first[j * stride + 2 + d] * expf(first[j * stride] - max);
   }
+  part_sums[threadIdx.x] = total;
+  __syncthreads();
+  if (part == 0) {
+    for (int p = 1; p < parts; ++p) total += part_sums[p * head_dim + d];
+    const int per_token = u.n_group / u.n_tokens;
+    u.out[int64_t(g / per_token) * u.token_stride + (g % per_token) * head_dim + d] = total * inv;
+  }
+  if (u.probs == nullptr) return;  // nobody reads them
+  float* row = u.probs + int64_t(g) * u.n_slots;
+  for (int32_t s = threadIdx.x; s < u.n_slots; s += blockDim.x) row[s] = expf(row[s] - max) * inv;
 }
 
 int64_t splits_of(int32_t max_slots, int split_slots) {
@@ -297,10 +324,13 @@ void attention_units(const AttentionUnit* units, int64_t n_units, int max_group,
   require(n_units >= 0 && max_group > 0 && head_dim > 0 && page_slots > 0 && max_slots >= 0,
           "cuda::attention_units: bad shape");
   require(n_units <= 0x7fffffff, "cuda::attention_units: too many units for one launch");
-  require(head_dim <= kMaxDimsPerLane * kWarpSize, "cuda::attention_units: head_dim over 128");
+  require(head_dim <= kMaxDimsPerLane * kWarpSize && head_dim % kMaxDimsPerLane == 0,
+          "cuda::attention_units: head_dim must be a multiple of 4, at most 128");
+  require(page_slots % 2 == 0, "cuda::attention_units: page_slots must be even");
   const size_t shared_floats = size_t(max_group) * (size_t(head_dim) + kMaxSplitSlots) +
                                size_t(kValueGroup) * kMaxSplitSlots +
-                               std::max(size_t(kWarps) * kValueGroup * size_t(head_dim), size_t(kScoreGroup) * kThreads);
+                               std::max(size_t(kWarps) * kValueGroup * size_t(head_dim),
+                                        size_t(kScoreGroup) * 2 * kThreads);
   const size_t shared_bytes = shared_floats * sizeof(float);
   // 48 KiB in all without opting in, the kernel's static reduce[32] included.
   require(shared_bytes + 32 * sizeof(float) <= 48 * 1024, "cuda::attention_units: group too large");
@@ -312,8 +342,9 @@ void attention_units(const AttentionUnit* units, int64_t n_units, int max_group,
   attention_split_kernel<<<grid, kThreads, shared_bytes, stream>>>(units, max_group, head_dim, page_slots, scale,
                                                                    split_slots, scratch);
   LAZYKV_CUDA_CHECK_LAUNCH();
-  attention_combine_kernel<<<static_cast<unsigned>(n_units), kThreads, 0, stream>>>(
-      units, max_group, head_dim, split_slots, static_cast<int>(splits), scratch);
+  const dim3 combine_grid(static_cast<unsigned>(n_units), static_cast<unsigned>(max_group));
+  attention_combine_kernel<<<combine_grid, kThreads, 0, stream>>>(units, max_group, head_dim, split_slots,
+                                                                  static_cast<int>(splits), scratch);
   LAZYKV_CUDA_CHECK_LAUNCH();
 }
 

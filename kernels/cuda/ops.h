@@ -233,8 +233,14 @@ struct AttentionUnit {
   float* probs;                   // [n_group, n_slots]: receives the probabilities; null: not written
   const uint16_t* const* keys;    // [pages] -> [head_dim, page_slots] f16
   const uint16_t* const* values;  // [pages] -> [page_slots, head_dim] f16
-  int32_t n_slots;                // visible slots (0: out = 0)
+  int32_t n_slots;                // visible slots (0: out = 0); the last token's
   int32_t n_group;                // queries, 1 .. max_group
+  // Consecutive tokens of one sequence (a prefill chunk) in one unit, so they
+  // share each K/V read: n_group / n_tokens queries per token, token t's at
+  // q + t·token_stride (likewise out), seeing n_slots - (n_tokens - 1 - t)
+  // slots; probs rows hold 0 past a token's own.
+  int32_t n_tokens = 1;
+  int32_t token_stride = 0;       // floats
 };
 
 // Floats of the scratch attention_units needs: every unit's split states,

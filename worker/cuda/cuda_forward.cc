@@ -17,6 +17,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "worker/cuda/step_graphs.h"
 #include "worker/forward_batch.h"
 #ifdef LAZYKV_HAVE_NCCL
 #include "worker/parallel/nccl/nccl_group.h"
@@ -37,6 +38,18 @@ constexpr size_t kWaveProbFloats = size_t(64) << 20;
 constexpr size_t kWaveScratchFloats = size_t(32) << 20;
 // Device mirror pages are allocated this many at a time.
 constexpr size_t kMirrorChunkPages = 256;
+// An attention launch is sized for its units' slots rounded up to this, so a
+// decode step launches the same kernels for this many steps (its CUDA graph
+// replays); the extra split blocks return at once.
+constexpr int32_t kSlotBucket = 256;
+// Decode-step graphs kept: a few batch sizes at a few slot buckets.
+constexpr size_t kMaxStepGraphs = 16;
+// Without a policy, consecutive tokens of a prefill chunk share an attention
+// unit (and so each K/V read) up to this many queries in all, which the
+// split kernel's shared memory holds at head_dim 128.
+constexpr int kMaxUnitQueries = 16;
+
+int32_t launch_slots(int32_t slots) { return (slots + kSlotBucket - 1) / kSlotBucket * kSlotBucket; }
 
 // The pass's CUDA stream, destroyed (after its work ends) with the pass, or
 // when the constructor fails after creating it.
@@ -65,13 +78,14 @@ struct DeviceLayer {
 
 struct CudaForwardPass::Impl {
   Impl(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device,
-       cpu::ActivationPrecision precision);
+       cpu::ActivationPrecision precision, bool use_graphs);
 
   std::span<const float> run(std::span<const BatchItem> batch);
   struct Unit {
-    int32_t item, head, token;  // a query group: one token of an item, one cache head
+    int32_t item, head, token;  // a query group: tokens [token, + n_tokens) of an item, one cache head
+    int32_t n_tokens = 1;       // more than 1 only without a policy (statistics are per token)
   };
-  // A pass's batch and its attention units: (item, cache head, token), a
+  // A pass's batch and its attention units: (item, cache head, tokens), a
   // head's tokens in order.
   struct PassUnits {
     std::span<const BatchItem> batch;
@@ -88,7 +102,7 @@ struct CudaForwardPass::Impl {
   struct Wave {
     size_t first = 0, count = 0;
     size_t prob_floats = 0;
-    int32_t max_slots = 0;
+    int32_t max_slots = 0;  // the launch's: the most slots a unit sees, as launch_slots rounds them
     std::vector<size_t> prob_at;  // each unit's probabilities in the wave's buffer
   };
   // Every buffer the pass will use, sized before any policy or cache changes,
@@ -111,6 +125,16 @@ struct CudaForwardPass::Impl {
   void append_layer(int l, const PassUnits& pu, int64_t T);
   // Layer l's attention; statistics and queries to the policies.
   void attend(int l, const PassUnits& pu, const std::vector<Wave>& waves, size_t units_at);
+  // The layers and the logits, from the embeddings in x; `layer_waves` as
+  // staged with device_appends (else each layer stages its own).
+  void run_layers(const PassUnits& pu, const BatchRows& rows, const std::vector<std::vector<Wave>>& layer_waves);
+  // Whether run_layers can be captured as a graph: no host work between its
+  // launches (device appends, one rank) and no cuBLAS GEMM (decode batches).
+  bool graphable(const PassUnits& pu, const BatchRows& rows) const;
+  // What run_layers bakes into its launches apart from the weights: shapes,
+  // each wave's launch, the buffers' addresses.
+  std::vector<int64_t> launch_signature(const PassUnits& pu, const BatchRows& rows,
+                                        const std::vector<std::vector<Wave>>& layer_waves) const;
 
   // --- set-up ---
   cuda::WeightMatrix upload_matrix(const cpu::WeightMatrix& w);
@@ -145,6 +169,8 @@ struct CudaForwardPass::Impl {
   ThreadPool& pool;
   int device;
   cpu::ActivationPrecision precision;
+  bool use_graphs;
+  StepGraphs graphs{kMaxStepGraphs};
   Stream owned_stream;
   cudaStream_t stream = nullptr;  // owned_stream's
 #ifdef LAZYKV_HAVE_NCCL
@@ -193,14 +219,15 @@ struct CudaForwardPass::Impl {
 };
 
 CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group_, KvCache& cache_, ThreadPool& pool_,
-                            int device_, cpu::ActivationPrecision precision_)
+                            int device_, cpu::ActivationPrecision precision_, bool use_graphs_)
     : shard(shard_),
       group(group_),
       model(shard_.model()),
       cache(cache_),
       pool(pool_),
       device(device_),
-      precision(precision_) {
+      precision(precision_),
+      use_graphs(use_graphs_) {
   if (group.world() != shard.world() || group.rank() != shard.rank()) {
     throw Error(ErrorCode::kInvalidArgument, "cuda forward: a shard for rank " + std::to_string(shard.rank()) +
                                                  " of " + std::to_string(shard.world()) +
@@ -214,6 +241,13 @@ CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group
   }
   if (cache.pool_pages() != 0) {
     throw Error(ErrorCode::kInvalidArgument, "cuda forward: the KV cache must be empty when the pass is made");
+  }
+  const int head_dim = shard.config().head_dim;
+  if (head_dim % 4 != 0 || head_dim > 128 || cache.config().page_slots % 2 != 0) {  // cuda::attention_units'
+    throw Error(ErrorCode::kUnavailable, "cuda forward: head_dim " + std::to_string(head_dim) + " and " +
+                                             std::to_string(cache.config().page_slots) +
+                                             "-slot pages: the CUDA attention needs a head_dim that is a multiple "
+                                             "of 4 up to 128 and an even page size");
   }
   const int devices = cuda::usable_device_count();
   if (device < 0 || device >= devices) {
@@ -442,7 +476,7 @@ void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) 
     reserve_device(x_q8_s, q8_rows * size_t(max_matrix_cols) / cpu::kQK);
   }
   if (int64_t(T) >= cuda::kTensorCoreMinRows || rows.n_logit_rows >= cuda::kTensorCoreMinRows) {
-    gemm->reserve(max_matrix_rows, max_matrix_cols);
+    gemm->reserve(max_matrix_rows, max_matrix_cols, std::max<int64_t>(int64_t(T), rows.n_logit_rows));
   }
   int64_t widest = 0;  // the widest whole matrix a rank feeds with zeros around its columns
   for (const DeviceLayer& w : layers) {
@@ -469,7 +503,7 @@ void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) 
     const size_t unit_need = size_t(pu.queries_per_head[i]) * slots;
     prob_total += unit_need * size_t(pu.cache_heads[i]) * n_tok;
     prob_unit_max = std::max(prob_unit_max, unit_need);
-    max_slots = std::max(max_slots, int32_t(slots));
+    max_slots = std::max(max_slots, launch_slots(int32_t(slots)));
     appended_pages += size_t(pu.cache_heads[i]) * ((n_tok + page_slots - 1) / page_slots + 1);
     targets += size_t(pu.cache_heads[i]) * n_tok;
   }
@@ -526,12 +560,13 @@ std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(
     const BatchItem& item = pu.batch[size_t(un.item)];
     const int qph = pu.queries_per_head[size_t(un.item)];
     const int32_t n_tok = int32_t(item.tokens.size());
-    const int32_t visible = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - un.token);
-    const size_t need = size_t(qph) * size_t(visible);
-    if (waves.empty() ||
-        (waves.back().prob_floats + need > kWaveProbFloats ||
-         cuda::attention_scratch_floats(int64_t(waves.back().count + 1), pu.max_group, D,
-                                        std::max(waves.back().max_slots, visible)) > kWaveScratchFloats)) {
+    const int32_t last_token = un.token + un.n_tokens - 1;
+    const int32_t visible = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - last_token);
+    const size_t need = size_t(qph) * size_t(un.n_tokens) * size_t(visible);
+    const int32_t wave_slots = waves.empty() ? 0 : std::max(waves.back().max_slots, launch_slots(visible));
+    if (waves.empty() || waves.back().prob_floats + need > kWaveProbFloats ||
+        cuda::attention_scratch_floats(int64_t(waves.back().count + 1), pu.max_group, D, wave_slots) >
+            kWaveScratchFloats) {
       waves.push_back(Wave{j, 0, 0, 0, {}});
     }
     Wave& wave = waves.back();
@@ -546,9 +581,11 @@ std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(
     a.keys = tables.data() + table_of[j];
     a.values = tables.data() + table_of[j] + pages;
     a.n_slots = visible;
-    a.n_group = qph;
+    a.n_group = qph * un.n_tokens;
+    a.n_tokens = un.n_tokens;
+    a.token_stride = int32_t(q_dim);
     wave.prob_floats += need;
-    wave.max_slots = std::max(wave.max_slots, visible);
+    wave.max_slots = std::max(wave.max_slots, launch_slots(visible));
     ++wave.count;
   }
   units_at += pu.list.size();
@@ -686,81 +723,17 @@ void CudaForwardPass::Impl::attend(int l, const PassUnits& pu, const std::vector
   }
 }
 
-std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> batch) {
+void CudaForwardPass::Impl::run_layers(const PassUnits& pu, const BatchRows& rows,
+                                       const std::vector<std::vector<Wave>>& layer_waves) {
   const ModelConfig& c = shard.config();
   const int64_t E = c.n_embd;
   const int D = c.head_dim;
   const int H = c.n_head;
   const int KV = c.n_head_kv;
-  const int G = c.n_group();
   const int64_t q_dim = int64_t(H) * D;
   const int64_t kv_dim = int64_t(KV) * D;
-
-  if (batch.empty()) return {};
-  LAZYKV_CUDA_CHECK(cudaSetDevice(device));  // per thread: the worker may call from any
-  const BatchRows rows = check_batch(batch, c, cache);
-  const int64_t n_logit_rows = rows.n_logit_rows;
   const int64_t T = rows.tokens();
-
-  PassUnits pu;
-  pu.batch = batch;
-  pu.row0 = rows.row0;
-  pu.cache_heads.resize(batch.size());
-  pu.queries_per_head.resize(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    pu.cache_heads[i] = cache.heads_per_layer(batch[i].seq);
-    pu.queries_per_head[i] = G * KV / pu.cache_heads[i];
-    pu.max_group = std::max(pu.max_group, pu.queries_per_head[i]);
-    pu.any_policy = pu.any_policy || batch[i].policy != nullptr;
-    for (int h = 0; h < pu.cache_heads[i]; ++h) {
-      for (int32_t t = 0; t < int32_t(batch[i].tokens.size()); ++t) pu.list.push_back({int32_t(i), h, t});
-    }
-  }
-  // A unit sees a prefix of its head's table, the slots before the ones its
-  // own pass appended after it: the CPU's mask by position only when every
-  // slot cached so far precedes the pass (as the worker always feeds).
-  for (const BatchItem& item : batch) {
-    const int32_t cached = cache.max_position(item.seq);
-    if (cached >= item.start_pos) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "forward (cuda): sequence " + std::to_string(item.seq) + " starts a pass at position " +
-                      std::to_string(item.start_pos) + " but already caches position " + std::to_string(cached) +
-                      "; new positions must follow the cached ones");
-    }
-  }
-  reserve_batch(batch, cache, group, [&] { prepare(pu, rows); });
-  // Nothing below allocates before the appends, so policies and cache stay in step.
-  for (const BatchItem& item : batch) {
-    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
-  }
-
-  // Embeddings (looked up on the host, from the mapped model) and positions.
-  const cpu::WeightMatrix& embd = model.token_embd();
-  const size_t embd_row = row_bytes(embd.type, size_t(E));
-  float* hx = h_x.data();
-  int32_t* hpos = h_positions.data();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
-      const int64_t r = rows.row0[i] + int64_t(t);
-      const auto* src = static_cast<const uint8_t*>(embd.data) + size_t(batch[i].tokens[t]) * embd_row;
-      cpu::dequantize_row(embd.type, src, hx + r * E, E);
-      hpos[r] = batch[i].start_pos + int32_t(t);
-    }
-  }
-  upload(x.data(), hx, size_t(T * E) * sizeof(float));
-  upload(positions.data(), hpos, size_t(T) * sizeof(int32_t));
-
-  // Without a policy: every layer's slots and attention staged now, one upload each.
-  std::vector<std::vector<Wave>> layer_waves;
-  if (pu.device_appends()) {
-    mirror_written_pages();  // compactions and promotions since the last pass
-    append_pending_slots(pu);
-    size_t tables_at = 0, units_at = 0;
-    for (int l = 0; l < c.n_layer; ++l) layer_waves.push_back(stage_attention(l, pu, tables_at, units_at));
-    upload(tables.data(), h_tables.data(), tables_at * sizeof(const uint16_t*));
-    upload(units.data(), h_units.data(), units_at * sizeof(cuda::AttentionUnit));
-  }
-
+  const std::span<const BatchItem> batch = pu.batch;
   // Each norm and SiLU writes its output quantized too where the matmul after
   // it takes int8 (q8_output): one launch fewer per matmul input.
   if (!layers.empty()) {
@@ -818,7 +791,130 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
     cuda::rms_norm(x.data() + first * E, output_norm, xn.data() + out_row * E, n_rows, E, c.rms_eps, stream);
     out_row += n_rows;
   }
-  matmul(output, xn.data(), n_logit_rows, logits.data());
+  matmul(output, xn.data(), rows.n_logit_rows, logits.data());
+}
+
+bool CudaForwardPass::Impl::graphable(const PassUnits& pu, const BatchRows& rows) const {
+  return use_graphs && pu.device_appends() && group.world() == 1 && rows.tokens() < cuda::kTensorCoreMinRows &&
+         rows.n_logit_rows < cuda::kTensorCoreMinRows;
+}
+
+std::vector<int64_t> CudaForwardPass::Impl::launch_signature(const PassUnits& pu, const BatchRows& rows,
+                                                             const std::vector<std::vector<Wave>>& layer_waves) const {
+  std::vector<int64_t> s{rows.tokens(), rows.n_logit_rows, int64_t(pu.list.size()), pu.max_group,
+                         int64_t(targets_per_layer)};
+  for (const BatchItem& item : pu.batch) {
+    s.push_back(int64_t(item.tokens.size()));
+    s.push_back(item.all_logits);
+  }
+  for (const std::vector<Wave>& waves : layer_waves) {
+    s.push_back(int64_t(waves.size()));
+    for (const Wave& w : waves) s.insert(s.end(), {int64_t(w.first), int64_t(w.count), w.max_slots});
+  }
+  for (const void* p : {static_cast<const void*>(x.data()), static_cast<const void*>(xn.data()),
+                        static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
+                        static_cast<const void*>(v.data()), static_cast<const void*>(attn.data()),
+                        static_cast<const void*>(tmp.data()), static_cast<const void*>(gate.data()),
+                        static_cast<const void*>(up.data()), static_cast<const void*>(logits.data()),
+                        static_cast<const void*>(k16.data()), static_cast<const void*>(v16.data()),
+                        static_cast<const void*>(positions.data()), static_cast<const void*>(x_q8.data()),
+                        static_cast<const void*>(x_q8_d.data()), static_cast<const void*>(x_q8_s.data()),
+                        static_cast<const void*>(row_targets.data()), static_cast<const void*>(units.data()),
+                        static_cast<const void*>(attn_scratch.data())}) {
+    s.push_back(int64_t(reinterpret_cast<intptr_t>(p)));
+  }
+  return s;
+}
+
+std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> batch) {
+  const ModelConfig& c = shard.config();
+  const int64_t E = c.n_embd;
+  const int D = c.head_dim;
+  const int KV = c.n_head_kv;
+  const int G = c.n_group();
+  const int64_t kv_dim = int64_t(KV) * D;
+
+  if (batch.empty()) return {};
+  LAZYKV_CUDA_CHECK(cudaSetDevice(device));  // per thread: the worker may call from any
+  const BatchRows rows = check_batch(batch, c, cache);
+  const int64_t n_logit_rows = rows.n_logit_rows;
+  const int64_t T = rows.tokens();
+
+  PassUnits pu;
+  pu.batch = batch;
+  pu.row0 = rows.row0;
+  pu.cache_heads.resize(batch.size());
+  pu.queries_per_head.resize(batch.size());
+  for (const BatchItem& item : batch) pu.any_policy = pu.any_policy || item.policy != nullptr;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    pu.cache_heads[i] = cache.heads_per_layer(batch[i].seq);
+    const int qph = pu.queries_per_head[i] = G * KV / pu.cache_heads[i];
+    const int32_t n_tok = int32_t(batch[i].tokens.size());
+    const int32_t per_unit = pu.any_policy ? 1 : std::min(n_tok, std::max(1, kMaxUnitQueries / qph));
+    pu.max_group = std::max(pu.max_group, qph * per_unit);
+    for (int h = 0; h < pu.cache_heads[i]; ++h) {
+      for (int32_t t = 0; t < n_tok; t += per_unit) {
+        pu.list.push_back({int32_t(i), h, t, std::min(per_unit, n_tok - t)});
+      }
+    }
+  }
+  // A unit sees a prefix of its head's table, the slots before the ones its
+  // own pass appended after it: the CPU's mask by position only when every
+  // slot cached so far precedes the pass (as the worker always feeds).
+  for (const BatchItem& item : batch) {
+    const int32_t cached = cache.max_position(item.seq);
+    if (cached >= item.start_pos) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "forward (cuda): sequence " + std::to_string(item.seq) + " starts a pass at position " +
+                      std::to_string(item.start_pos) + " but already caches position " + std::to_string(cached) +
+                      "; new positions must follow the cached ones");
+    }
+  }
+  reserve_batch(batch, cache, group, [&] { prepare(pu, rows); });
+  // Nothing below allocates before the appends, so policies and cache stay in step.
+  for (const BatchItem& item : batch) {
+    if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
+  }
+
+  // Embeddings (looked up on the host, from the mapped model) and positions.
+  const cpu::WeightMatrix& embd = model.token_embd();
+  const size_t embd_row = row_bytes(embd.type, size_t(E));
+  float* hx = h_x.data();
+  int32_t* hpos = h_positions.data();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+      const int64_t r = rows.row0[i] + int64_t(t);
+      const auto* src = static_cast<const uint8_t*>(embd.data) + size_t(batch[i].tokens[t]) * embd_row;
+      cpu::dequantize_row(embd.type, src, hx + r * E, E);
+      hpos[r] = batch[i].start_pos + int32_t(t);
+    }
+  }
+  upload(x.data(), hx, size_t(T * E) * sizeof(float));
+  upload(positions.data(), hpos, size_t(T) * sizeof(int32_t));
+
+  // Without a policy: every layer's slots and attention staged now, one upload each.
+  std::vector<std::vector<Wave>> layer_waves;
+  if (pu.device_appends()) {
+    mirror_written_pages();  // compactions and promotions since the last pass
+    append_pending_slots(pu);
+    size_t tables_at = 0, units_at = 0;
+    for (int l = 0; l < c.n_layer; ++l) layer_waves.push_back(stage_attention(l, pu, tables_at, units_at));
+    upload(tables.data(), h_tables.data(), tables_at * sizeof(const uint16_t*));
+    upload(units.data(), h_units.data(), units_at * sizeof(cuda::AttentionUnit));
+  }
+
+  if (graphable(pu, rows)) {
+    // Every wave's scratch before the capture (prepare sized it: no allocation here).
+    for (const std::vector<Wave>& waves : layer_waves) {
+      for (const Wave& wave : waves) {
+        reserve_device(attn_scratch, cuda::attention_scratch_floats(int64_t(wave.count), pu.max_group, D,
+                                                                    wave.max_slots));
+      }
+    }
+    graphs.run(launch_signature(pu, rows, layer_waves), stream, [&] { run_layers(pu, rows, layer_waves); });
+  } else {
+    run_layers(pu, rows, layer_waves);
+  }
   const size_t n_logits = size_t(n_logit_rows) * size_t(c.n_vocab);
   float* hl = h_logits.data();
   download(hl, logits.data(), n_logits * sizeof(float));
@@ -837,8 +933,8 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
 }
 
 CudaForwardPass::CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool,
-                                 int device, cpu::ActivationPrecision precision)
-    : impl_(std::make_unique<Impl>(shard, group, cache, pool, device, precision)) {}
+                                 int device, cpu::ActivationPrecision precision, bool use_graphs)
+    : impl_(std::make_unique<Impl>(shard, group, cache, pool, device, precision, use_graphs)) {}
 
 CudaForwardPass::~CudaForwardPass() = default;
 
@@ -847,5 +943,7 @@ std::span<const float> CudaForwardPass::run(std::span<const BatchItem> batch) { 
 double CudaForwardPass::eviction_seconds() const { return impl_->eviction_seconds; }
 
 size_t CudaForwardPass::weight_bytes() const { return impl_->weight_bytes; }
+
+size_t CudaForwardPass::graph_replays() const { return impl_->graphs.replays(); }
 
 }  // namespace lazykv

@@ -33,11 +33,14 @@ class CudaForwardPass final : public ForwardBackend {
   // the partial sums are all-reduced on the device when `group` is an
   // NcclGroup, else through host memory. With kInt8 precision the decode
   // matmuls on Q4_0, Q4_1 and Q8_0 weights (under kTensorCoreMinRows rows)
-  // take int8 activations (cuda::matmul_q8_shared_input). Throws
+  // take int8 activations (cuda::matmul_q8_shared_input). With `use_graphs`
+  // a pass of fewer than kTensorCoreMinRows rows without a policy, on one
+  // rank, is replayed as a CUDA graph (StepGraphs), captured once per batch
+  // shape and slot bucket; the logits are the same either way. Throws
   // Error(kUnavailable) when the device cannot be used, Error(kOutOfMemory)
   // when the weights do not fit.
   CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device,
-                  cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32);
+                  cpu::ActivationPrecision precision = cpu::ActivationPrecision::kF32, bool use_graphs = true);
   ~CudaForwardPass() override;
   CudaForwardPass(const CudaForwardPass&) = delete;
   CudaForwardPass& operator=(const CudaForwardPass&) = delete;
@@ -52,6 +55,8 @@ class CudaForwardPass final : public ForwardBackend {
   double eviction_seconds() const override;
   // Bytes of device memory the weights take.
   size_t weight_bytes() const;
+  // Passes run by replaying a captured graph.
+  size_t graph_replays() const;
 
  private:
   struct Impl;

@@ -3,7 +3,8 @@
 // with weights the device reads in place and weights it converts, mixed
 // prefill and decode batches, evicting policies (their compactions rewrite
 // pages the device mirrors), GQA expanded per query head, remembered queries,
-// and tensor-parallel ranks over Gloo. Skipped where no CUDA device is usable.
+// tensor-parallel ranks over Gloo, and decode steps replayed as CUDA graphs.
+// Skipped where no CUDA device is usable.
 #include "worker/cuda/cuda_forward.h"
 
 #include <gtest/gtest.h>
@@ -228,6 +229,51 @@ TEST_F(CudaForwardTest, TwoRanksOverGlooEqualOneRank) {
   for (const Generation& g : per_rank) {
     EXPECT_EQ(g.tokens, one.tokens);
     expect_close(g.logits, one.logits, 2e-3f);
+  }
+}
+
+// CUDA graphs: decode steps replayed from captured graphs give the logits of
+// the same pass launching kernel by kernel, bit for bit (attention launches
+// are sized by slot bucket either way), as a sequence crosses a bucket (256
+// slots) and the batch changes from two sequences to one and back; every
+// pass under kTensorCoreMinRows rows replayed, in both precisions.
+TEST_F(CudaForwardTest, GraphReplaysGiveTheLaunchedLogits) {
+  TinyModel m = load_tiny_model("cuda_fwd_graphs", spec(DType::kQ4_1));
+  for (auto precision : {cpu::ActivationPrecision::kF32, cpu::ActivationPrecision::kInt8}) {
+    SCOPED_TRACE(precision == cpu::ActivationPrecision::kInt8 ? "int8" : "f32");
+    std::vector<float> results[2];
+    for (bool graphs : {false, true}) {
+      ModelShard shard(*m.model, 0, 1);
+      SoloGroup solo;
+      const ModelConfig& c = shard.config();
+      KvCache cache({c.n_layer, c.n_head_kv, c.head_dim, 16, 0});
+      ThreadPool pool(2);
+      CudaForwardPass pass(shard, solo, cache, pool, 0, precision, graphs);
+      cache.add_sequence(1);
+      cache.add_sequence(2);
+      const auto long_prompt = prompt_of(250, 10), short_prompt = prompt_of(40, 11);
+      BatchItem first{1, long_prompt, 0, false};
+      int32_t next[2] = {argmax(pass.run({&first, 1})), 0};
+      BatchItem second{2, short_prompt, 0, false};
+      next[1] = argmax(pass.run({&second, 1}));
+      int32_t pos[2] = {250, 40};
+      const int steps = 12;
+      for (int step = 0; step < steps; ++step) {
+        const bool both = step % 3 != 1;
+        std::vector<BatchItem> batch{{1, {&next[0], 1}, pos[0], false}};
+        if (both) batch.push_back({2, {&next[1], 1}, pos[1], false});
+        const std::span<const float> logits = pass.run(batch);
+        results[graphs].insert(results[graphs].end(), logits.begin(), logits.end());
+        for (size_t i = 0; i < batch.size(); ++i) {
+          next[i] = argmax(logits.subspan(i * size_t(c.n_vocab), size_t(c.n_vocab)));
+          ++pos[i];
+        }
+      }
+      // Every decode step and the 40-token prompt (under kTensorCoreMinRows
+      // rows); not the 250-token one (cuBLAS).
+      EXPECT_EQ(pass.graph_replays(), graphs ? size_t(steps) + 1 : 0u);
+    }
+    EXPECT_EQ(results[1], results[0]);
   }
 }
 

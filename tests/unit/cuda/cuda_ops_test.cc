@@ -312,16 +312,16 @@ TEST_F(CudaOpsTest, MatmulMatchesCpu) {
   }
 }
 
-// TF32 rounds each input to 10 mantissa bits: a product is off by up to
-// ~2^-10 of itself, so a sum by up to ~1e-3 of Σ|w||x| (2e-3 with margin).
-// Partial tiles of rows and columns, a scratch smaller than the matrix (two
-// blocks of rows), every type.
+// f16 inputs keep 10 mantissa bits: a product is off by up to ~2^-10 of
+// itself, so a sum by up to ~1e-3 of Σ|w||x| (2e-3 with margin). Partial
+// tiles of rows and columns, a scratch smaller than the matrix (blocks of
+// rows), every type; an activation beyond f16's range saturates.
 TEST_F(CudaOpsTest, TensorCoreGemmMatchesTheExactProduct) {
   const std::vector<MatmulCase> cases = {{DType::kQ4_1, 200, 512, 70}, {DType::kQ8_0, 130, 256, 64},
                                          {DType::kF16, 100, 100, 65},  {DType::kBF16, 64, 1024, 128},
                                          {DType::kQ4_0, 37, 96, 97}};
   TensorCoreGemm gemm(nullptr);
-  gemm.reserve(1, 1 << 19);  // 16 Mi floats: every case in one block
+  gemm.reserve(256, 1024, 128);  // every case in one block
   for (const MatmulCase& c : cases) {
     const TiledWeights w = make_tiled_weights(c, 31);
     const auto x = random_floats(c.batch * c.cols, 32);
@@ -331,13 +331,21 @@ TEST_F(CudaOpsTest, TensorCoreGemmMatchesTheExactProduct) {
   }
   // A scratch of 32 rows' room: the 200-row matrix in 7 blocks of rows.
   TensorCoreGemm small(nullptr);
-  small.reserve(32, 512);
+  small.reserve(32, 512, 70);
   const MatmulCase c{DType::kQ8_0, 200, 512, 70};
   const TiledWeights w = make_tiled_weights(c, 33);
   DeviceBuffer<float> d_x(random_floats(c.batch * c.cols, 34)), d_whole(c.batch * c.rows), d_blocks(c.batch * c.rows);
   gemm.run(w.matrix, d_x.data(), c.batch, d_whole.data());
   small.run(w.matrix, d_x.data(), c.batch, d_blocks.data());
   expect_close(d_blocks.to_host(), d_whole.to_host(), 1e-4f, 1e-4f, "blocks of rows vs one block");
+  // An outlier of 1e6 in x: its rows stay finite (saturated, not inf).
+  std::vector<float> outlier = random_floats(c.batch * c.cols, 35);
+  outlier[7] = 1e6f;
+  DeviceBuffer<float> d_outlier(outlier), d_y(c.batch * c.rows);
+  gemm.run(w.matrix, d_outlier.data(), c.batch, d_y.data());
+  for (float v : d_y.to_host()) ASSERT_TRUE(std::isfinite(v));
+  // A batch far beyond the reserved input (70 rows, with headroom): refused before any launch.
+  expect_invalid([&] { small.run(w.matrix, d_x.data(), 1000, d_y.data()); });
 }
 
 // Q, K and V in one launch: each output exactly as its own matmul (the same
@@ -616,12 +624,14 @@ TEST_F(CudaOpsTest, AttentionFullyMaskedGivesZeros) {
   check_attention({2, 64, 20, 16, -1}, 15);
 }
 
-// Several units in one launch, over two heads' pages: prefixes of a head's
-// slots (the causal mask of a prefill chunk), groups of different sizes, and
-// an empty prefix. Each against cpu::attention_group with positions equal to
-// slot indices and max_pos at the prefix's end.
+// Several units in one launch, over three heads' pages: prefixes of a head's
+// slots (the causal mask of a prefill chunk), groups of different sizes, an
+// empty prefix, and units of several tokens (each token one slot further,
+// their queries a token stride apart, one token's split wholly masked). Each
+// token against cpu::attention_group with positions equal to slot indices
+// and max_pos at its prefix's end.
 TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
-  const int head_dim = 64, page_slots = 16, max_group = 4;
+  const int head_dim = 64, page_slots = 16, max_group = 6;
   const int32_t head_slots[3] = {70, 33, 600};  // 600: three splits of 256 slots, up to 19 of 32
   std::vector<std::vector<uint16_t>> pages;                    // host pages of both heads
   std::vector<std::vector<const uint16_t*>> host_keys(3), host_values(3);
@@ -647,28 +657,36 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
   DeviceBuffer<const uint16_t*> d_table(table);
   struct Case {
     int head, n_group;
-    int32_t visible;
+    int32_t visible;  // the last token's
+    int n_tokens = 1;
+    int stride() const { return n_group / n_tokens * head_dim + (n_tokens > 1 ? 8 : 0); }  // floats per token
   };
-  const std::vector<Case> cases{{0, 4, 70}, {0, 4, 41}, {1, 1, 33}, {1, 2, 1},
-                                {0, 3, 0},  {1, 4, 17}, {2, 4, 600}, {2, 2, 257}};
-  std::vector<float> q_all, out_expected, probs_expected;
+  const std::vector<Case> cases{{0, 4, 70},  {0, 4, 41},  {1, 1, 33},     {1, 2, 1},      {0, 3, 0},
+                                {1, 4, 17}, {2, 4, 600}, {2, 2, 257},    {2, 6, 600, 3}, {0, 4, 70, 4},
+                                {2, 4, 257, 2}};
+  std::vector<float> q_all, out_expected, probs_expected;  // out_expected: 0 between a unit's tokens
   std::vector<size_t> q_at, prob_at;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    const auto q = random_floats(size_t(c.n_group) * head_dim, uint32_t(600 + i));
+    const int per_token = c.n_group / c.n_tokens;
+    const auto q = random_floats(size_t(c.n_tokens) * size_t(c.stride()), uint32_t(600 + i));
     q_at.push_back(q_all.size());
     q_all.insert(q_all.end(), q.begin(), q.end());
     std::vector<int32_t> positions(static_cast<size_t>(head_slots[c.head]));
     for (size_t s = 0; s < positions.size(); ++s) positions[s] = int32_t(s);
     const cpu::KvPages kv{host_keys[size_t(c.head)].data(), host_values[size_t(c.head)].data(), positions.data(),
                           head_slots[c.head], page_slots};
-    std::vector<float> probs(size_t(c.n_group) * size_t(head_slots[c.head])), out(size_t(c.n_group) * head_dim);
-    cpu::attention_group(q.data(), c.n_group, head_dim, kv, c.visible - 1, 1.0f / 8.0f, probs.data(), out.data(),
-                         nullptr);
+    std::vector<float> probs(size_t(per_token) * size_t(head_slots[c.head]));
+    std::vector<float> out(size_t(c.n_tokens) * size_t(c.stride()), 0.0f);
     prob_at.push_back(probs_expected.size());
-    for (int g = 0; g < c.n_group; ++g) {  // the visible prefix of each row
-      const float* row = probs.data() + size_t(g) * size_t(head_slots[c.head]);
-      probs_expected.insert(probs_expected.end(), row, row + c.visible);
+    for (int t = 0; t < c.n_tokens; ++t) {
+      const int32_t visible = c.visible - (c.n_tokens - 1 - t);
+      cpu::attention_group(q.data() + t * c.stride(), per_token, head_dim, kv, visible - 1, 1.0f / 8.0f, probs.data(),
+                           out.data() + t * c.stride(), nullptr);
+      for (int g = 0; g < per_token; ++g) {  // the unit's prefix of each row (0 past the token's own)
+        const float* row = probs.data() + size_t(g) * size_t(head_slots[c.head]);
+        probs_expected.insert(probs_expected.end(), row, row + c.visible);
+      }
     }
     out_expected.insert(out_expected.end(), out.begin(), out.end());
   }
@@ -679,7 +697,7 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
   DeviceBuffer<float> d_q(q_all);
   for (const int copies : {1, 4, 8, 64}) {
     SCOPED_TRACE("copies " + std::to_string(copies));
-    DeviceBuffer<float> d_out(copies * out_expected.size());
+    DeviceBuffer<float> d_out(std::vector<float>(copies * out_expected.size(), 0.0f));
     DeviceBuffer<float> d_probs(std::max<size_t>(copies * probs_expected.size(), 1));
     std::vector<AttentionUnit> units;
     for (int copy = 0; copy < copies; ++copy) {
@@ -689,8 +707,8 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
         const size_t n_pages = (size_t(head_slots[c.head]) + page_slots - 1) / page_slots;
         float* probs = copy % 2 == 0 ? d_probs.data() + copy * probs_expected.size() + prob_at[i] : nullptr;
         units.push_back({d_q.data() + q_at[i], d_out.data() + out_at, probs, d_table.data() + table_at[c.head],
-                         d_table.data() + table_at[c.head] + n_pages, c.visible, c.n_group});
-        out_at += size_t(c.n_group) * head_dim;
+                         d_table.data() + table_at[c.head] + n_pages, c.visible, c.n_group, c.n_tokens, c.stride()});
+        out_at += size_t(c.n_tokens) * size_t(c.stride());
       }
     }
     DeviceBuffer<AttentionUnit> d_units(units);
@@ -712,7 +730,7 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
   }
 }
 
-TEST_F(CudaOpsTest, AddRowsAndScatterPages) {
+TEST_F(CudaOpsTest, AddRowsScatterPagesAndScatterKvRows) {
   const auto x = random_floats(5 * 24, 31), bias = random_floats(24, 32);
   DeviceBuffer<float> d_x(x), d_bias(bias);
   add_rows(d_x.data(), d_bias.data(), 5, 24, nullptr);
@@ -737,6 +755,36 @@ TEST_F(CudaOpsTest, AddRowsAndScatterPages) {
       ASSERT_EQ(got[size_t(p * page_bytes + b)], want) << "page " << p << " byte " << b;
     }
   }
+
+  // Three new K/V rows into two pages of 4 slots (head_dim 8): keys become
+  // columns of their page's transposed block, values rows; the rest untouched.
+  const int head_dim = 8, page_slots = 4;
+  std::vector<uint16_t> k16(3 * head_dim), v16(3 * head_dim);
+  for (size_t i = 0; i < k16.size(); ++i) {
+    k16[i] = uint16_t(100 + i);
+    v16[i] = uint16_t(500 + i);
+  }
+  const size_t block = size_t(head_dim) * page_slots;  // halves of a page's keys (then as many values)
+  DeviceBuffer<uint16_t> kv_pool(std::vector<uint16_t>(4 * block, 0)), d_k16(k16), d_v16(v16);
+  uint16_t* page0 = kv_pool.data();
+  uint16_t* page1 = kv_pool.data() + 2 * block;
+  const std::vector<KvRowTarget> targets{{page1, page1 + block, 3, 0}, {page0, page0 + block, 1, 2},
+                                         {page1, page1 + block, 0, 1}};
+  DeviceBuffer<KvRowTarget> d_targets(targets);
+  scatter_kv_rows(d_k16.data(), d_v16.data(), d_targets.data(), 3, head_dim, page_slots, nullptr);
+  synchronize();
+  std::vector<uint16_t> want(4 * block, 0);
+  const size_t page_at[2] = {0, 2 * block};
+  const int target_page[3] = {1, 0, 1};
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const size_t base = page_at[target_page[t]];
+    for (int d = 0; d < head_dim; ++d) {
+      const size_t source = size_t(targets[t].row * head_dim + d);
+      want[base + size_t(d) * page_slots + size_t(targets[t].in_page)] = k16[source];
+      want[base + block + size_t(targets[t].in_page) * head_dim + size_t(d)] = v16[source];
+    }
+  }
+  EXPECT_EQ(kv_pool.to_host(), want);
 }
 
 // ---- no device needed -------------------------------------------------------------------
@@ -772,6 +820,8 @@ TEST(CudaOps, RejectsUnsupportedArgumentsBeforeLaunching) {
   alignas(16) uint8_t page[64] = {};
   expect_invalid([&] { scatter_pages(page, nullptr, 1, 40, nullptr); });  // not whole 16-byte words
   expect_invalid([&] { attention_units(nullptr, 1, 256, 128, 16, 1.0f, 1, nullptr, nullptr); });  // q over shared memory
+  expect_invalid([&] { attention_units(nullptr, 1, 4, 66, 16, 1.0f, 1, nullptr, nullptr); });  // 8-byte value loads
+  expect_invalid([&] { attention_units(nullptr, 1, 4, 64, 15, 1.0f, 1, nullptr, nullptr); });  // slot pairs in a page
 }
 
 TEST(DeviceBuffer, EmptyBufferNeedsNoDevice) {
