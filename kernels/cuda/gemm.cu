@@ -13,12 +13,6 @@ using namespace detail;
 
 constexpr int64_t kBlockElements = int64_t(32) << 20;  // weights dequantized per GEMM (64 MB of f16)
 
-void check_cublas(cublasStatus_t status, const char* what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw Error(status == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
-              std::string("cuBLAS: ") + what + ": " + cublasGetStatusName(status));
-}
-
 constexpr int kUntileWarps = 8;
 
 // Rows [row0, row0 + n_rows) of the tiled matrix as row-major f16. A warp
@@ -76,6 +70,12 @@ struct Untile {
 };
 
 }  // namespace
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(status == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
+              std::string("cuBLAS: ") + what + ": " + cublasGetStatusName(status));
+}
 
 TensorCoreGemm::TensorCoreGemm(cudaStream_t stream) : stream_(stream) {
   check_cublas(cublasCreate(&handle_), "cublasCreate");

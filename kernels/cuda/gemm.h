@@ -22,6 +22,10 @@ namespace lazykv::cuda {
 
 constexpr int64_t kTensorCoreMinRows = 64;
 
+// Throws for a failed cuBLAS call: Error(kOutOfMemory) for memory, else
+// Error(kInternal) naming `what` and the status.
+void check_cublas(cublasStatus_t status, const char* what);
+
 class TensorCoreGemm {
  public:
   // Throws Error(kInternal) when cuBLAS cannot start (kOutOfMemory for memory).

@@ -17,6 +17,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "worker/cuda/step_graphs.h"
 #include "worker/forward_batch.h"
 #ifdef LAZYKV_HAVE_NCCL
@@ -48,6 +49,10 @@ constexpr size_t kMaxStepGraphs = 16;
 // unit (and so each K/V read) up to this many queries in all, which the
 // split kernel's shared memory holds at head_dim 128.
 constexpr int kMaxUnitQueries = 16;
+// A sequence's chunk of this many tokens or more (without a policy) attends
+// on the tensor cores (PrefillAttention): below it, that path's fixed cost
+// (five launches a cache head) outweighs the units' quadratic work.
+constexpr int32_t kChunkAttentionMinTokens = 256;
 
 int32_t launch_slots(int32_t slots) { return (slots + kSlotBucket - 1) / kSlotBucket * kSlotBucket; }
 
@@ -84,6 +89,7 @@ struct CudaForwardPass::Impl {
   struct Unit {
     int32_t item, head, token;  // a query group: tokens [token, + n_tokens) of an item, one cache head
     int32_t n_tokens = 1;       // more than 1 only without a policy (statistics are per token)
+    bool tensor_cores = false;  // the item's whole chunk, through PrefillAttention
   };
   // A pass's batch and its attention units: (item, cache head, tokens), a
   // head's tokens in order.
@@ -105,13 +111,26 @@ struct CudaForwardPass::Impl {
     int32_t max_slots = 0;  // the launch's: the most slots a unit sees, as launch_slots rounds them
     std::vector<size_t> prob_at;  // each unit's probabilities in the wave's buffer
   };
+  // One PrefillAttention::run: a chunk's queries and outputs for one cache head.
+  struct ChunkUnit {
+    const float* q;
+    float* out;
+    const uint16_t* const* keys;
+    const uint16_t* const* values;
+    int32_t n_slots, n_tokens, n_group;
+  };
+  // A layer's attention: attention_units launches, then long chunks on the tensor cores.
+  struct LayerAttention {
+    std::vector<Wave> waves;
+    std::vector<ChunkUnit> chunks;
+  };
   // Every buffer the pass will use, sized before any policy or cache changes,
   // so a device out of memory leaves both as they were.
   void prepare(const PassUnits& pu, const BatchRows& rows);
   // Layer l's page tables and units staged in h_tables / h_units from the
   // given offsets on (advanced past them), pointing into `tables` and
-  // `units` at the same offsets; the waves they run in.
-  std::vector<Wave> stage_attention(int l, const PassUnits& pu, size_t& tables_at, size_t& units_at);
+  // `units` at the same offsets; the waves they run in, and the chunks.
+  LayerAttention stage_attention(int l, const PassUnits& pu, size_t& tables_at, size_t& units_at);
   // Appends every layer's slots for the pass (rows to come from the device)
   // and stages where each new row goes (h_row_targets), layer by layer.
   void append_pending_slots(const PassUnits& pu);
@@ -124,17 +143,17 @@ struct CudaForwardPass::Impl {
   // device (device_appends) or through the host cache and the mirror.
   void append_layer(int l, const PassUnits& pu, int64_t T);
   // Layer l's attention; statistics and queries to the policies.
-  void attend(int l, const PassUnits& pu, const std::vector<Wave>& waves, size_t units_at);
-  // The layers and the logits, from the embeddings in x; `layer_waves` as
+  void attend(int l, const PassUnits& pu, const LayerAttention& staged, size_t units_at);
+  // The layers and the logits, from the embeddings in x; `layers_staged` as
   // staged with device_appends (else each layer stages its own).
-  void run_layers(const PassUnits& pu, const BatchRows& rows, const std::vector<std::vector<Wave>>& layer_waves);
+  void run_layers(const PassUnits& pu, const BatchRows& rows, const std::vector<LayerAttention>& layers_staged);
   // Whether run_layers can be captured as a graph: no host work between its
   // launches (device appends, one rank) and no cuBLAS GEMM (decode batches).
   bool graphable(const PassUnits& pu, const BatchRows& rows) const;
   // What run_layers bakes into its launches apart from the weights: shapes,
   // each wave's launch, the buffers' addresses.
   std::vector<int64_t> launch_signature(const PassUnits& pu, const BatchRows& rows,
-                                        const std::vector<std::vector<Wave>>& layer_waves) const;
+                                        const std::vector<LayerAttention>& layers_staged) const;
 
   // --- set-up ---
   cuda::WeightMatrix upload_matrix(const cpu::WeightMatrix& w);
@@ -182,6 +201,7 @@ struct CudaForwardPass::Impl {
   DeviceBuffer<uint8_t> weight_staging;  // GGML rows on their way to the tiled layout; freed after loading
   std::vector<DeviceLayer> layers;
   std::optional<cuda::TensorCoreGemm> gemm;     // prefill: kTensorCoreMinRows rows or more
+  std::optional<cuda::PrefillAttention> chunk_attention;  // chunks of kTensorCoreMinRows tokens or more
   int64_t max_matrix_rows = 0, max_matrix_cols = 0;    // over every matrix: the GEMM's scratch
   cuda::WeightMatrix output;
   const float* output_norm = nullptr;
@@ -258,6 +278,7 @@ CudaForwardPass::Impl::Impl(const ModelShard& shard_, TensorParallelGroup& group
   LAZYKV_CUDA_CHECK(cudaStreamCreateWithFlags(&owned_stream.handle, cudaStreamNonBlocking));
   stream = owned_stream.handle;
   gemm.emplace(stream);
+  chunk_attention.emplace(stream);
 #ifdef LAZYKV_HAVE_NCCL
   nccl = dynamic_cast<NcclGroup*>(&group);
 #endif
@@ -507,6 +528,17 @@ void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) 
     appended_pages += size_t(pu.cache_heads[i]) * ((n_tok + page_slots - 1) / page_slots + 1);
     targets += size_t(pu.cache_heads[i]) * n_tok;
   }
+  // Chunks on the tensor cores: their gathered K/V, queries and score blocks.
+  int64_t chunk_tokens = 0;
+  int32_t chunk_slots = 0;
+  int chunk_group = 0;
+  for (const Unit& un : pu.list) {
+    if (!un.tensor_cores) continue;
+    chunk_tokens = std::max<int64_t>(chunk_tokens, un.n_tokens);
+    chunk_slots = std::max(chunk_slots, cache.max_slots(batch[size_t(un.item)].seq) + un.n_tokens);
+    chunk_group = std::max(chunk_group, pu.queries_per_head[size_t(un.item)]);
+  }
+  if (chunk_tokens > 0) chunk_attention->reserve(chunk_tokens, chunk_slots, chunk_group, c.head_dim);
   const size_t prob_bound = std::min(prob_total, std::max(kWaveProbFloats, prob_unit_max));
   const size_t n_units = pu.list.size();
   reserve_device(tables, std::max<size_t>(layers_staged * table_entries, 1));
@@ -530,8 +562,8 @@ void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) 
   h_pages.reserve(staged);
 }
 
-std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(int l, const PassUnits& pu,
-                                                                               size_t& tables_at, size_t& units_at) {
+CudaForwardPass::Impl::LayerAttention CudaForwardPass::Impl::stage_attention(int l, const PassUnits& pu,
+                                                                             size_t& tables_at, size_t& units_at) {
   const int D = shard.config().head_dim;
   const int64_t q_dim = int64_t(shard.config().n_head) * D;
   // Each (item, cache head)'s table once; its units all point to it.
@@ -553,8 +585,10 @@ std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(
     }
     table_of[j] = table_at;
   }
-  // Units, in waves whose probabilities and scratch fit.
-  std::vector<Wave> waves;
+  // Units, in waves whose probabilities and scratch fit; chunks apart (the
+  // list's last units, so the waves' ranges stay contiguous).
+  LayerAttention staged;
+  std::vector<Wave>& waves = staged.waves;
   for (size_t j = 0; j < pu.list.size(); ++j) {
     const Unit& un = pu.list[j];
     const BatchItem& item = pu.batch[size_t(un.item)];
@@ -562,6 +596,15 @@ std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(
     const int32_t n_tok = int32_t(item.tokens.size());
     const int32_t last_token = un.token + un.n_tokens - 1;
     const int32_t visible = cache.n_slots(item.seq, l, un.head) - (n_tok - 1 - last_token);
+    const int64_t r = pu.row0[size_t(un.item)] + un.token;
+    const int64_t head0 = int64_t(un.head) * qph;  // first query head served by this cache head
+    const size_t pages = cache.page_ids(item.seq, l, un.head).size();
+    if (un.tensor_cores) {
+      staged.chunks.push_back({q.data() + r * q_dim + head0 * D, attn.data() + r * q_dim + head0 * D,
+                               tables.data() + table_of[j], tables.data() + table_of[j] + pages, visible, un.n_tokens,
+                               qph});
+      continue;
+    }
     const size_t need = size_t(qph) * size_t(un.n_tokens) * size_t(visible);
     const int32_t wave_slots = waves.empty() ? 0 : std::max(waves.back().max_slots, launch_slots(visible));
     if (waves.empty() || waves.back().prob_floats + need > kWaveProbFloats ||
@@ -571,9 +614,6 @@ std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(
     }
     Wave& wave = waves.back();
     wave.prob_at.push_back(wave.prob_floats);
-    const int64_t r = pu.row0[size_t(un.item)] + un.token;
-    const int64_t head0 = int64_t(un.head) * qph;  // first query head served by this cache head
-    const size_t pages = cache.page_ids(item.seq, l, un.head).size();
     cuda::AttentionUnit& a = h_units.data()[units_at + j];
     a.q = q.data() + r * q_dim + head0 * D;
     a.out = attn.data() + r * q_dim + head0 * D;
@@ -589,7 +629,7 @@ std::vector<CudaForwardPass::Impl::Wave> CudaForwardPass::Impl::stage_attention(
     ++wave.count;
   }
   units_at += pu.list.size();
-  return waves;
+  return staged;
 }
 
 void CudaForwardPass::Impl::append_pending_slots(const PassUnits& pu) {
@@ -680,13 +720,17 @@ void CudaForwardPass::Impl::append_layer(int l, const PassUnits& pu, int64_t T) 
   mirror_written_pages();
 }
 
-void CudaForwardPass::Impl::attend(int l, const PassUnits& pu, const std::vector<Wave>& waves, size_t units_at) {
+void CudaForwardPass::Impl::attend(int l, const PassUnits& pu, const LayerAttention& staged, size_t units_at) {
   const ModelConfig& c = shard.config();
   const int D = c.head_dim;
   const int64_t q_dim = int64_t(c.n_head) * D;
   const float scale = 1.0f / std::sqrt(float(D));
+  for (const ChunkUnit& chunk : staged.chunks) {
+    chunk_attention->run(chunk.q, q_dim, chunk.keys, chunk.values, cache.config().page_slots, chunk.n_slots,
+                         chunk.n_tokens, chunk.n_group, D, scale, chunk.out, q_dim);
+  }
   std::vector<float> padded;  // one row of probabilities over a head's whole table
-  for (const Wave& wave : waves) {
+  for (const Wave& wave : staged.waves) {
     float* scratch = reserve_device(attn_scratch, cuda::attention_scratch_floats(int64_t(wave.count), pu.max_group, D,
                                                                                  wave.max_slots));
     cuda::attention_units(units.data() + units_at + wave.first, int64_t(wave.count), pu.max_group, D,
@@ -724,7 +768,7 @@ void CudaForwardPass::Impl::attend(int l, const PassUnits& pu, const std::vector
 }
 
 void CudaForwardPass::Impl::run_layers(const PassUnits& pu, const BatchRows& rows,
-                                       const std::vector<std::vector<Wave>>& layer_waves) {
+                                       const std::vector<LayerAttention>& layers_staged) {
   const ModelConfig& c = shard.config();
   const int64_t E = c.n_embd;
   const int D = c.head_dim;
@@ -750,13 +794,13 @@ void CudaForwardPass::Impl::run_layers(const PassUnits& pu, const BatchRows& row
                          model.rope().mscale, c.rope_style, k16.data() + rows_at, v16.data() + rows_at, stream);
     append_layer(l, pu, T);
     if (pu.device_appends()) {
-      attend(l, pu, layer_waves[size_t(l)], size_t(l) * pu.list.size());
+      attend(l, pu, layers_staged[size_t(l)], size_t(l) * pu.list.size());
     } else {
       size_t tables_at = 0, units_at = 0;  // the staging is reused layer after layer
-      const std::vector<Wave> waves = stage_attention(l, pu, tables_at, units_at);
+      const LayerAttention staged = stage_attention(l, pu, tables_at, units_at);
       upload(tables.data(), h_tables.data(), tables_at * sizeof(const uint16_t*));
       upload(units.data(), h_units.data(), units_at * sizeof(cuda::AttentionUnit));
-      attend(l, pu, waves, 0);
+      attend(l, pu, staged, 0);
       sync();  // the page-locked tables and units are reused by the next layer
     }
 
@@ -800,16 +844,16 @@ bool CudaForwardPass::Impl::graphable(const PassUnits& pu, const BatchRows& rows
 }
 
 std::vector<int64_t> CudaForwardPass::Impl::launch_signature(const PassUnits& pu, const BatchRows& rows,
-                                                             const std::vector<std::vector<Wave>>& layer_waves) const {
+                                                             const std::vector<LayerAttention>& layers_staged) const {
   std::vector<int64_t> s{rows.tokens(), rows.n_logit_rows, int64_t(pu.list.size()), pu.max_group,
                          int64_t(targets_per_layer)};
   for (const BatchItem& item : pu.batch) {
     s.push_back(int64_t(item.tokens.size()));
     s.push_back(item.all_logits);
   }
-  for (const std::vector<Wave>& waves : layer_waves) {
-    s.push_back(int64_t(waves.size()));
-    for (const Wave& w : waves) s.insert(s.end(), {int64_t(w.first), int64_t(w.count), w.max_slots});
+  for (const LayerAttention& staged : layers_staged) {  // graphable: no chunks
+    s.push_back(int64_t(staged.waves.size()));
+    for (const Wave& w : staged.waves) s.insert(s.end(), {int64_t(w.first), int64_t(w.count), w.max_slots});
   }
   for (const void* p : {static_cast<const void*>(x.data()), static_cast<const void*>(xn.data()),
                         static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
@@ -846,10 +890,15 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   pu.cache_heads.resize(batch.size());
   pu.queries_per_head.resize(batch.size());
   for (const BatchItem& item : batch) pu.any_policy = pu.any_policy || item.policy != nullptr;
+  std::vector<Unit> chunks;  // after every other unit (stage_attention)
   for (size_t i = 0; i < batch.size(); ++i) {
     pu.cache_heads[i] = cache.heads_per_layer(batch[i].seq);
     const int qph = pu.queries_per_head[i] = G * KV / pu.cache_heads[i];
     const int32_t n_tok = int32_t(batch[i].tokens.size());
+    if (!pu.any_policy && n_tok >= kChunkAttentionMinTokens) {
+      for (int h = 0; h < pu.cache_heads[i]; ++h) chunks.push_back({int32_t(i), h, 0, n_tok, true});
+      continue;
+    }
     const int32_t per_unit = pu.any_policy ? 1 : std::min(n_tok, std::max(1, kMaxUnitQueries / qph));
     pu.max_group = std::max(pu.max_group, qph * per_unit);
     for (int h = 0; h < pu.cache_heads[i]; ++h) {
@@ -858,6 +907,7 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
       }
     }
   }
+  pu.list.insert(pu.list.end(), chunks.begin(), chunks.end());
   // A unit sees a prefix of its head's table, the slots before the ones its
   // own pass appended after it: the CPU's mask by position only when every
   // slot cached so far precedes the pass (as the worker always feeds).
@@ -893,27 +943,27 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   upload(positions.data(), hpos, size_t(T) * sizeof(int32_t));
 
   // Without a policy: every layer's slots and attention staged now, one upload each.
-  std::vector<std::vector<Wave>> layer_waves;
+  std::vector<LayerAttention> layers_staged;
   if (pu.device_appends()) {
     mirror_written_pages();  // compactions and promotions since the last pass
     append_pending_slots(pu);
     size_t tables_at = 0, units_at = 0;
-    for (int l = 0; l < c.n_layer; ++l) layer_waves.push_back(stage_attention(l, pu, tables_at, units_at));
+    for (int l = 0; l < c.n_layer; ++l) layers_staged.push_back(stage_attention(l, pu, tables_at, units_at));
     upload(tables.data(), h_tables.data(), tables_at * sizeof(const uint16_t*));
     upload(units.data(), h_units.data(), units_at * sizeof(cuda::AttentionUnit));
   }
 
   if (graphable(pu, rows)) {
     // Every wave's scratch before the capture (prepare sized it: no allocation here).
-    for (const std::vector<Wave>& waves : layer_waves) {
-      for (const Wave& wave : waves) {
+    for (const LayerAttention& staged : layers_staged) {
+      for (const Wave& wave : staged.waves) {
         reserve_device(attn_scratch, cuda::attention_scratch_floats(int64_t(wave.count), pu.max_group, D,
                                                                     wave.max_slots));
       }
     }
-    graphs.run(launch_signature(pu, rows, layer_waves), stream, [&] { run_layers(pu, rows, layer_waves); });
+    graphs.run(launch_signature(pu, rows, layers_staged), stream, [&] { run_layers(pu, rows, layers_staged); });
   } else {
-    run_layers(pu, rows, layer_waves);
+    run_layers(pu, rows, layers_staged);
   }
   const size_t n_logits = size_t(n_logit_rows) * size_t(c.n_vocab);
   float* hl = h_logits.data();

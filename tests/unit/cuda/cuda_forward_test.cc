@@ -126,6 +126,20 @@ TEST_F(CudaForwardTest, ConvertedWeightsAndBiasesStayClose) {
   for (DType type : {DType::kF32, DType::kBF16}) expect_like_the_cpu(spec(type, "qwen2"), 17, 16, 5e-2f);
 }
 
+// A 300-token prompt: its GEMMs on f16 inputs and its attention on the
+// tensor cores (PrefillAttention, from 256 tokens), whose f16 queries and
+// probabilities leave about 1e-3 of each term; the logits after it within
+// the bound the converted weights get.
+TEST_F(CudaForwardTest, LongPromptOnTheTensorCoresStaysClose) {
+  TinyModelSpec s = spec(DType::kQ8_0);
+  s.n_ctx = 512;
+  TinyModel m = load_tiny_model("cuda_fwd_long", s);
+  const auto prompt = prompt_of(300, 12);
+  const Generation cpu_run = generate(ComputeDevice::kCpu, *m.model, nullptr, prompt, 1);
+  const Generation gpu_run = generate(ComputeDevice::kCuda, *m.model, nullptr, prompt, 1);
+  expect_close(gpu_run.logits, cpu_run.logits, 5e-2f);
+}
+
 // int8 activations: the first logits (after the prompt, so no earlier token
 // differs) no further from the exact f32 ones than the CPU's own int8 mode
 // is (3x its largest error: the GPU keeps each block's scale in f32 where

@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/prefill_attention.h"
 
 namespace lazykv::cuda {
 namespace {
@@ -728,6 +729,52 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
                    "probs");
     }
   }
+}
+
+// A prefill chunk on the tensor cores: 1100 tokens after 100 cached slots
+// (two blocks of queries, the second over more slots), two queries per
+// token, rows a stride apart; each token against cpu::attention_group over
+// its own prefix. f16 queries and probabilities (10 mantissa bits) leave
+// about 1e-3 of each output: 3e-3 absolute and relative.
+TEST_F(CudaOpsTest, PrefillAttentionMatchesCpuPerToken) {
+  const int head_dim = 64, page_slots = 16, n_group = 2;
+  const int64_t n_tokens = 1100, stride = n_group * head_dim + 16;
+  const int32_t n_slots = 1200;
+  const int32_t n_pages = (n_slots + page_slots - 1) / page_slots;
+  std::vector<std::vector<uint16_t>> pages;
+  std::vector<const uint16_t*> host_keys, host_values, table;
+  std::vector<DeviceBuffer<uint16_t>> d_pages;
+  for (int kind = 0; kind < 2; ++kind) {
+    for (int32_t p = 0; p < n_pages; ++p) {
+      const auto f = random_floats(size_t(page_slots) * head_dim, uint32_t(900 + 2 * p + kind));
+      std::vector<uint16_t>& page = pages.emplace_back(f.size());
+      cpu::to_f16(f.data(), page.data(), int64_t(f.size()));
+      (kind == 0 ? host_keys : host_values).push_back(page.data());
+      table.push_back(d_pages.emplace_back(page).data());  // keys, then values
+    }
+  }
+  const auto q = random_floats(size_t(n_tokens * stride), 950);
+  std::vector<int32_t> positions(static_cast<size_t>(n_slots));
+  for (size_t s = 0; s < positions.size(); ++s) positions[s] = int32_t(s);
+  const cpu::KvPages kv{host_keys.data(), host_values.data(), positions.data(), n_slots, page_slots};
+  const float scale = 1.0f / 8.0f;
+  std::vector<float> expected(q.size(), 0.0f), probs(size_t(n_group) * n_slots);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int32_t visible = n_slots - int32_t(n_tokens - 1 - t);
+    cpu::attention_group(&q[size_t(t * stride)], n_group, head_dim, kv, visible - 1, scale, probs.data(),
+                         &expected[size_t(t * stride)], nullptr);
+  }
+  DeviceBuffer<const uint16_t*> d_table(table);
+  DeviceBuffer<float> d_q(q), d_out(std::vector<float>(q.size(), 0.0f));
+  PrefillAttention attention(nullptr);
+  attention.reserve(n_tokens, n_slots, n_group, head_dim);
+  attention.run(d_q.data(), stride, d_table.data(), d_table.data() + n_pages, page_slots, n_slots, n_tokens, n_group,
+                head_dim, scale, d_out.data(), stride);
+  expect_close(d_out.to_host(), expected, 3e-3f, 3e-3f, "prefill attention");
+  expect_invalid([&] {  // more tokens than reserved
+    attention.run(d_q.data(), stride, d_table.data(), d_table.data() + n_pages, page_slots, n_slots + 4000,
+                  n_tokens + 4000, n_group, head_dim, scale, d_out.data(), stride);
+  });
 }
 
 TEST_F(CudaOpsTest, AddRowsScatterPagesAndScatterKvRows) {
