@@ -146,7 +146,7 @@ __global__ void attention_split_kernel(const AttentionUnit* __restrict__ units, 
   }
   __syncthreads();
   // Scores: thread (part, pair) takes dimensions part, part + parts, ... of
-  // two neighbouring slots, one 4-byte load each, so a warp reads 64
+  // two neighbouring slots, one 4-byte load each, so a warp reads up to 64
   // neighbouring slots of each key row of a page (keys are [head_dim]
   // [page_slots] within a page; page_slots is even, so a pair shares a page);
   // the parts meet in shared memory.

@@ -54,6 +54,12 @@ __device__ __forceinline__ float load_f16(const uint8_t* p) {
   return f16_bits_to_float(*reinterpret_cast<const uint16_t*>(p));
 }
 
+// x as f16 for the tensor cores, saturating at ±65504 (one outlier must not
+// turn a whole product into inf); NaN stays NaN.
+__device__ __forceinline__ __half saturate_to_f16(float x) {
+  return __float2half_rn(x != x ? x : fminf(fmaxf(x, -65504.0f), 65504.0f));
+}
+
 // Blocks for a 1-D launch of n threads, capped: kernels loop grid-stride.
 inline unsigned grid_for(int64_t n, int block) {
   const int64_t blocks = (n + block - 1) / block;

@@ -45,16 +45,15 @@ __global__ void __launch_bounds__(kUntileWarps* kWarpSize)
     __syncwarp();
     for (int e = lane; e < kTileRows * kElems; e += kWarpSize) {
       const int64_t r = first + e / kElems, col = c * kElems + e % kElems;
-      if (r < n_rows && col < s.cols) dst[r * s.cols + col] = __float2half_rn(staged[warp][e / kElems][e % kElems]);
+      if (r < n_rows && col < s.cols) dst[r * s.cols + col] = saturate_to_f16(staged[warp][e / kElems][e % kElems]);
     }
     __syncwarp();  // staged is rewritten by the warp's next item
   }
 }
 
-// x to f16, saturating at ±65504 (one outlier must not make its row inf).
-__global__ void saturate_to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t n) {
+__global__ void activations_to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    y[i] = __float2half_rn(fminf(fmaxf(x[i], -65504.0f), 65504.0f));
+    y[i] = saturate_to_f16(x[i]);
   }
 }
 
@@ -104,7 +103,7 @@ void TensorCoreGemm::run(const WeightMatrix& w, const float* x, int64_t batch, f
           "TensorCoreGemm: reserve() was not called for a matrix this wide or a batch this large");
   auto* weights = reinterpret_cast<__half*>(weights_.data());
   auto* input = reinterpret_cast<__half*>(input_.data());
-  saturate_to_f16_kernel<<<grid_for(batch * w.cols, 256), 256, 0, stream_>>>(x, input, batch * w.cols);
+  activations_to_f16_kernel<<<grid_for(batch * w.cols, 256), 256, 0, stream_>>>(x, input, batch * w.cols);
   LAZYKV_CUDA_CHECK_LAUNCH();
   const float alpha = 1.0f, beta = 0.0f;
   for (int64_t row0 = 0; row0 < w.rows; row0 += fit) {

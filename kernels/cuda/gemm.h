@@ -2,10 +2,11 @@
 // matrix is dequantized from the tiled layout (ops.h) to f16 in a scratch
 // buffer, a block of rows at a time, the activations are rounded to f16
 // once, and the product is summed in f32 (inputs rounded to 10 mantissa
-// bits, as TF32 would, at twice its rate and half its scratch traffic: a
-// relative error near 1e-3 of Σ|w·x|, where the decode matmul's f32
-// arithmetic is exact to rounding). Activations beyond f16's range saturate
-// at ±65504 rather than turn a whole row into inf. Worth it from
+// bits, at twice TF32's rate and half its scratch traffic: a relative error
+// near 1e-3 of Σ|w·x|, where the decode matmul's f32 arithmetic is exact to
+// rounding). f16's range is narrower than f32's: inputs beyond ±65504
+// saturate there rather than turn a whole row into inf (llama.cpp's cuBLAS
+// path rounds to f16 as well). Worth it from
 // kTensorCoreMinRows activation rows on, where the product is bound by
 // arithmetic rather than by reading the weights.
 #pragma once

@@ -228,8 +228,8 @@ void attention_group(const float* q,  // [n_group, head_dim]
 // last of the table. Every pointer is a device pointer; a unit array built on
 // the host is uploaded as it is.
 struct AttentionUnit {
-  const float* q;                 // [n_group, head_dim]
-  float* out;                     // [n_group, head_dim]
+  const float* q;                 // [n_group, head_dim] (n_tokens > 1: each token's rows token_stride apart)
+  float* out;                     // likewise
   float* probs;                   // [n_group, n_slots]: receives the probabilities; null: not written
   const uint16_t* const* keys;    // [pages] -> [head_dim, page_slots] f16
   const uint16_t* const* values;  // [pages] -> [page_slots, head_dim] f16

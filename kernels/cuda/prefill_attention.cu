@@ -17,9 +17,6 @@ constexpr int64_t kMaxQueryBlock = 1024; // tokens per score block
 constexpr int64_t kScoreElements =
     int64_t(32) << 20; // scores of one block, all queries of the group
 
-__device__ __forceinline__ __half saturate_f16(float x) {
-  return __float2half_rn(fminf(fmaxf(x, -65504.0f), 65504.0f));
-}
 
 // Slots [32·blockIdx.x, +32) of a head's pages into row-major [n][head_dim]
 // K and V: keys are [head_dim][page_slots] in a page, so they pass through
@@ -65,7 +62,7 @@ __global__ void queries_to_f16_kernel(const float *__restrict__ q,
   const int64_t total = n_tokens * width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = saturate_f16(q[(i / width) * q_stride + i % width]);
+    out[i] = saturate_to_f16(q[(i / width) * q_stride + i % width]);
   }
 }
 

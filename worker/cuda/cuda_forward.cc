@@ -147,8 +147,9 @@ struct CudaForwardPass::Impl {
   // The layers and the logits, from the embeddings in x; `layers_staged` as
   // staged with device_appends (else each layer stages its own).
   void run_layers(const PassUnits& pu, const BatchRows& rows, const std::vector<LayerAttention>& layers_staged);
-  // Whether run_layers can be captured as a graph: no host work between its
-  // launches (device appends, one rank) and no cuBLAS GEMM (decode batches).
+  // Whether run_layers can be captured as a graph: a decode step (one token
+  // an item, under kTensorCoreMinRows) with no host work between its
+  // launches (device appends, one rank).
   bool graphable(const PassUnits& pu, const BatchRows& rows) const;
   // What run_layers bakes into its launches apart from the weights: shapes,
   // each wave's launch, the buffers' addresses.
@@ -201,7 +202,7 @@ struct CudaForwardPass::Impl {
   DeviceBuffer<uint8_t> weight_staging;  // GGML rows on their way to the tiled layout; freed after loading
   std::vector<DeviceLayer> layers;
   std::optional<cuda::TensorCoreGemm> gemm;     // prefill: kTensorCoreMinRows rows or more
-  std::optional<cuda::PrefillAttention> chunk_attention;  // chunks of kTensorCoreMinRows tokens or more
+  std::optional<cuda::PrefillAttention> chunk_attention;  // chunks of kChunkAttentionMinTokens tokens or more
   int64_t max_matrix_rows = 0, max_matrix_cols = 0;    // over every matrix: the GEMM's scratch
   cuda::WeightMatrix output;
   const float* output_norm = nullptr;
@@ -839,8 +840,10 @@ void CudaForwardPass::Impl::run_layers(const PassUnits& pu, const BatchRows& row
 }
 
 bool CudaForwardPass::Impl::graphable(const PassUnits& pu, const BatchRows& rows) const {
-  return use_graphs && pu.device_appends() && group.world() == 1 && rows.tokens() < cuda::kTensorCoreMinRows &&
-         rows.n_logit_rows < cuda::kTensorCoreMinRows;
+  // Decode steps only: a prompt's length would make a graph used once, and
+  // push the decode graphs out.
+  return use_graphs && pu.device_appends() && group.world() == 1 && rows.tokens() == int64_t(pu.batch.size()) &&
+         rows.tokens() < cuda::kTensorCoreMinRows && rows.n_logit_rows < cuda::kTensorCoreMinRows;
 }
 
 std::vector<int64_t> CudaForwardPass::Impl::launch_signature(const PassUnits& pu, const BatchRows& rows,

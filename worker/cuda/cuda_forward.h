@@ -34,9 +34,10 @@ class CudaForwardPass final : public ForwardBackend {
   // NcclGroup, else through host memory. With kInt8 precision the decode
   // matmuls on Q4_0, Q4_1 and Q8_0 weights (under kTensorCoreMinRows rows)
   // take int8 activations (cuda::matmul_q8_shared_input). With `use_graphs`
-  // a pass of fewer than kTensorCoreMinRows rows without a policy, on one
-  // rank, is replayed as a CUDA graph (StepGraphs), captured once per batch
-  // shape and slot bucket; the logits are the same either way. Throws
+  // a decode step (one token an item, fewer than kTensorCoreMinRows) without
+  // a policy, on one rank, is replayed as a CUDA graph (StepGraphs),
+  // captured once per batch size and slot bucket; the logits are the same
+  // either way. Throws
   // Error(kUnavailable) when the device cannot be used, Error(kOutOfMemory)
   // when the weights do not fit.
   CudaForwardPass(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device,

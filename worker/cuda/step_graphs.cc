@@ -52,7 +52,13 @@ void StepGraphs::run(const std::vector<int64_t> &signature, cudaStream_t stream,
       LAZYKV_CUDA_CHECK(cudaGraphExecDestroy(oldest->exec));
       entries_.erase(oldest);
     }
-    entries_.push_back({signature, capture(stream, launches), 0});
+    const cudaGraphExec_t exec = capture(stream, launches);
+    try {
+      entries_.push_back({signature, exec, 0});
+    } catch (...) {
+      static_cast<void>(cudaGraphExecDestroy(exec));
+      throw;
+    }
     found = entries_.end() - 1;
   }
   found->last_used = ++clock_;

@@ -691,7 +691,7 @@ TEST_F(CudaOpsTest, AttentionUnitsMatchCpuPerUnit) {
     }
     out_expected.insert(out_expected.end(), out.begin(), out.end());
   }
-  // The cases once (8 units: the smallest splits, 32 slots), 4 times (64),
+  // The cases once (11 units: the smallest splits, 32 slots), 4 times (64),
   // 8 times (128) and 64 times (256): the split size follows the launch's
   // unit count.
   // Odd copies write no probabilities (null), as a pass without a policy.

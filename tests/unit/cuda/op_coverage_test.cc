@@ -1,8 +1,9 @@
 // The cross-backend cases of the CUDA ops: one row per op that
 // kernels/cuda/ops.h declares, naming the test that runs it on the GPU
 // against the CPU kernel (or its exact definition) and why its tolerance is
-// what it is. Runs everywhere, GPU or not: an op added to ops.h without a
-// row, or a row naming a test this binary lacks, fails here.
+// what it is. Runs in every CUDA build, GPU or not (CI has none): an op
+// added to ops.h without a row, or a row naming a test this binary lacks,
+// fails here.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -85,8 +86,8 @@ constexpr OpCase kOpCases[] = {
      "attention_group"},
 };
 
-// The free functions ops.h declares: a return type at the start of a line,
-// then the name and its parenthesis.
+// The free functions ops.h declares: a return type at the start of a line
+// (ops.h's style), then the name and its parenthesis.
 std::set<std::string> declared_ops() {
   std::ifstream in(std::string(LAZYKV_TEST_DATA_DIR) +
                    "/../../kernels/cuda/ops.h");
@@ -95,7 +96,7 @@ std::set<std::string> declared_ops() {
   const std::string source = text.str();
   std::set<std::string> ops;
   const std::regex declaration(
-      R"((?:^|\n)(?:void|bool|int|size_t|double|float) ([a-z_0-9]+)\()");
+      R"((?:^|\n)(?:void|bool|int|int32_t|int64_t|size_t|double|float)\*? ([a-z_0-9]+)\()");
   for (auto it =
            std::sregex_iterator(source.begin(), source.end(), declaration);
        it != std::sregex_iterator(); ++it) {
