@@ -50,8 +50,9 @@ constexpr size_t kMaxStepGraphs = 16;
 // split kernel's shared memory holds at head_dim 128.
 constexpr int kMaxUnitQueries = 16;
 // A sequence's chunk of this many tokens or more (without a policy) attends
-// on the tensor cores (PrefillAttention): below it, that path's fixed cost
-// (five launches a cache head) outweighs the units' quadratic work.
+// on the tensor cores (PrefillAttention). That path's fixed cost (five
+// launches a cache head) makes it 3% slower than the units at 256 tokens
+// and 16-27% faster at 512 (an H200, docs/cuda.md).
 constexpr int32_t kChunkAttentionMinTokens = 256;
 
 int32_t launch_slots(int32_t slots) { return (slots + kSlotBucket - 1) / kSlotBucket * kSlotBucket; }
