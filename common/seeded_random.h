@@ -1,5 +1,6 @@
-// Deterministic pseudo-random numbers for generated test and benchmark
-// models: the same bits on every platform and thread count.
+// Deterministic pseudo-random numbers (generated test and benchmark models,
+// sampling, Guard's evictions): the same bits on every platform, standard
+// library and thread count.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,13 @@ inline uint64_t splitmix64(uint64_t& state) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
+}
+
+// The i-th output (from 0) of splitmix64 started at `seed`, without the i
+// before it: a stream that resumes at any index.
+inline uint64_t splitmix64_at(uint64_t seed, uint64_t i) {
+  uint64_t state = seed + i * 0x9E3779B97F4A7C15ull;
+  return splitmix64(state);
 }
 
 // FNV-1a of a name: a seed per tensor.

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/sampling_limits.h"
+#include "common/seeded_random.h"
 
 namespace lazykv {
 
@@ -64,7 +65,7 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) { params.validate(); }
+Sampler::Sampler(const SamplingParams& params) : params_(params) { params.validate(); }
 
 void Sampler::start(std::span<const int32_t> tokens, int32_t generated) {
   generated = std::clamp(generated, 0, int32_t(tokens.size()));
@@ -174,8 +175,9 @@ int32_t Sampler::pick(std::span<const float> logits) {
   // The draw needs no order: c[0, n) are the kept tokens (sorted where a cut
   // was made, as they lie otherwise), and any order samples the same
   // distribution. 53 random bits -> [0, 1): portable, unlike
-  // std::uniform_real_distribution.
-  const double u = double(rng_() >> 11) * (1.0 / 9007199254740992.0) * kept;
+  // std::uniform_real_distribution; this token's, by its index alone.
+  const uint64_t bits = splitmix64_at(params_.seed, uint64_t(generated_));
+  const double u = double(bits >> 11) * (1.0 / 9007199254740992.0) * kept;
   double acc = 0.0;
   for (size_t i = 0; i < n; ++i) {
     acc += c[i].first;

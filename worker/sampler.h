@@ -1,13 +1,14 @@
 // Token sampling: greedy, or temperature with top-k, top-p and min-p
-// filtering (applied in that order, as Hugging Face does), from a seeded RNG
-// so the same seed gives the same output. Before either, the logits may be
-// adjusted: logit_bias, end tokens masked until min_tokens, the repetition
-// penalty (prompt and output), and OpenAI's presence and frequency
-// penalties (output only).
+// filtering (applied in that order, as Hugging Face does). The draw for the
+// i-th generated token is splitmix64_at(seed, i): the same seed gives the
+// same output, and a sequence preempted and started again (start() with
+// what it generated) goes on as if it had never stopped. Before either, the
+// logits may be adjusted: logit_bias, end tokens masked until min_tokens,
+// the repetition penalty (prompt and output), and OpenAI's presence and
+// frequency penalties (output only).
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -56,7 +57,6 @@ class Sampler {
     bool in_prompt = false;  // in the prompt (the repetition penalty counts both)
   };
   SamplingParams params_;
-  std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
   int32_t generated_ = 0;
   std::unordered_map<int32_t, Seen> seen_;  // kept only when a penalty is on

@@ -4,19 +4,15 @@
 
 #include <cstdint>
 
+#include "common/seeded_random.h"
+
 namespace lazykv::paging {
 
 class SeededRandom {
  public:
   explicit SeededRandom(uint64_t seed) : state_(seed) {}
 
-  uint64_t next() {
-    state_ += 0x9E3779B97F4A7C15ULL;
-    uint64_t z = state_;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return splitmix64(state_); }
   // Uniform in [0, bound), bound > 0 (multiply-shift; the bias is below
   // bound / 2^64, irrelevant for cache sizes).
   uint64_t below(uint64_t bound) {

@@ -388,18 +388,23 @@ TEST_F(StallBoundTest, WithoutAStallBoundPromptsBesideDecodingSequencesRunWhole)
 }
 
 TEST_F(SchedulerTest, FullCachePreemptsByRecomputeAndFullKvStaysExact) {
-  // Plain greedy, then with penalties: a restarted sequence must keep the
-  // counts of what it generated before (the worker is told which of the
-  // tokens it prefills were generated), or its output would change.
-  for (const bool penalized : {false, true}) {
-    SCOPED_TRACE(penalized ? "with penalties" : "plain");
+  // Plain greedy, with penalties, then sampled: a restarted sequence must
+  // keep the counts of what it generated before and its place in the random
+  // stream (the worker is told which of the tokens it prefills were
+  // generated), or its output would change.
+  for (const char* mode : {"plain", "with penalties", "sampled"}) {
+    SCOPED_TRACE(mode);
     std::vector<SequenceRequest> requests;
     for (int i = 0; i < 4; ++i) {
       requests.push_back(request(i, 120));
       requests.back().stop = {};
-      if (penalized) {
+      if (std::string(mode) == "with penalties") {
         requests.back().sampling.frequency_penalty = 0.4f;
         requests.back().sampling.presence_penalty = 0.3f;
+      }
+      if (std::string(mode) == "sampled") {
+        requests.back().sampling.temperature = 0.8f;
+        requests.back().sampling.seed = uint64_t(100 + i);
       }
     }
     const std::vector<Outcome> reference = alone(requests);

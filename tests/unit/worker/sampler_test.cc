@@ -204,6 +204,27 @@ TEST(Sampler, MinTokensHoldsEndTokensBackAndCountsEarlierOutput) {
   EXPECT_EQ(again.sample(kLogits), 1);
 }
 
+// A sampled sequence preempted after 25 tokens and started again with them
+// as the tail of its prompt draws what the uninterrupted one drew next.
+TEST(Sampler, SampledOutputGoesOnAfterAPreemption) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 11;
+  Sampler whole(p);
+  std::vector<int32_t> fed = {0, 2, 5};  // a prompt
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back(whole.sample(kLogits));
+  fed.insert(fed.end(), tokens.begin(), tokens.begin() + 25);
+  Sampler again(p);
+  again.start(fed, 25);
+  for (int i = 25; i < 40; ++i) EXPECT_EQ(again.sample(kLogits), tokens[size_t(i)]) << "token " << i;
+  Sampler fresh(p);  // counting the 25 as prompt instead restarts the stream
+  fresh.start(fed, 0);
+  std::vector<int32_t> restarted;
+  for (int i = 25; i < 40; ++i) restarted.push_back(fresh.sample(kLogits));
+  EXPECT_NE(restarted, std::vector<int32_t>(tokens.begin() + 25, tokens.end()));
+}
+
 TEST(Sampler, PenaltiesCountOutputFedBackAfterAPreemptionButNotThePrompt) {
   SamplingParams p;
   p.frequency_penalty = 0.6f;
@@ -223,7 +244,7 @@ namespace {
 
 TEST(Sampler, NonFiniteInputsDoNotBreakSampling) {
   SamplingParams p;
-  p.temperature = 1e-38f;  // logits / temperature overflow: greedy
+  p.temperature = 1e-39f;  // 3 / 1e-39 overflows (3 / 1e-38 would not): greedy, the lowest of the tied 1 and 3
   Sampler tiny(p);
   EXPECT_EQ(tiny.sample(kLogits), 1);
   p.temperature = 1.0f;
