@@ -249,10 +249,17 @@ void Scheduler::on_token(Sequence& seq, const SampledToken& sampled) {
   SequenceEvent event;
   event.kind = SequenceEvent::Kind::kToken;
   event.sequence = seq.id;
-  // As vLLM, stop strings count only from min_tokens on.
+  // As vLLM, stop strings count only from min_tokens on (one that begins
+  // before and ends after still counts).
   const bool may_stop = int64_t(seq.generated.size()) >= seq.request.sampling.min_tokens;
   if (!ends) {
-    event.text = may_stop ? seq.stop.push(seq.decoder.push(sampled.token)) : seq.decoder.push(sampled.token);
+    std::string text = seq.decoder.push(sampled.token);
+    if (may_stop) {
+      text = seq.stop.push(text);
+    } else {
+      seq.stop.pass(text);
+    }
+    event.text = std::move(text);
   }
   event.token.id = sampled.token;
   event.token.bytes = tokenizer_.token_bytes(sampled.token);

@@ -21,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::vector<std::string> token_texts;  // each token's event text
   std::string text;
   std::string finish;
   std::string error;
@@ -71,6 +72,7 @@ class SchedulerTest : public ::testing::Test {
         o.text += e.text;
         if (e.kind == SequenceEvent::Kind::kToken) {
           o.tokens.push_back(e.token.id);
+          o.token_texts.push_back(e.text);
         } else {
           o.finish = e.finish_reason;
           o.error = e.error;
@@ -427,6 +429,31 @@ TEST_F(SchedulerTest, FullCachePreemptsByRecomputeAndFullKvStaysExact) {
     ASSERT_TRUE(long_enough) << "the sequences must outgrow one page for the cache to fill";
     EXPECT_GT(registry.counter(metrics::kPreemptions).value(), 0);
   }
+}
+
+// min_tokens holds stop strings back, but one that begins in the text before
+// it and ends after (the last character of the first token's text and the
+// first of the second's, min_tokens 2) still ends the reply there, as vLLM
+// finds it; the text before the boundary was emitted already.
+TEST_F(SchedulerTest, AStopStringAcrossTheMinTokensBoundaryEndsTheReply) {
+  int tried = 0;
+  for (int i = 0; i < 6; ++i) {
+    SequenceRequest r = request(i, 8);
+    r.stop = {};
+    const Outcome plain = alone({r}).front();
+    if (plain.tokens.size() < 3) continue;
+    const std::string& first = plain.token_texts[0];
+    const std::string& second = plain.token_texts[1];
+    if (first.empty() || second.empty()) continue;
+    ++tried;
+    r.stop = {std::string{first.back(), second.front()}};
+    r.sampling.min_tokens = 2;
+    const Outcome got = alone({r}).front();
+    EXPECT_EQ(got.finish, "stop") << "request " << i << ", stop '" << r.stop[0] << "'";
+    EXPECT_EQ(got.tokens.size(), 2u) << "request " << i;
+    EXPECT_EQ(got.text, first) << "request " << i;
+  }
+  ASSERT_GT(tried, 0) << "no greedy reply whose first two tokens both have text";
 }
 
 // Admission counts the KV a prompt still being prefilled in chunks will take,
