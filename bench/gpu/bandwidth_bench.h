@@ -19,7 +19,7 @@
 namespace lazykv::cuda {
 
 class LaunchTimer {
-public:
+ public:
   LaunchTimer() {
     LAZYKV_CUDA_CHECK(cudaEventCreate(&start_));
     LAZYKV_CUDA_CHECK(cudaEventCreate(&stop_));
@@ -28,18 +28,15 @@ public:
     static_cast<void>(cudaEventDestroy(start_));
     static_cast<void>(cudaEventDestroy(stop_));
   }
-  LaunchTimer(const LaunchTimer &) = delete;
-  LaunchTimer &operator=(const LaunchTimer &) = delete;
+  LaunchTimer(const LaunchTimer&) = delete;
+  LaunchTimer& operator=(const LaunchTimer&) = delete;
 
-  // Mean seconds of `launch` (on the default stream) over `iterations` runs
-  // after a warm-up.
+  // Mean seconds of `launch` (on the default stream) over `iterations` runs after a warm-up.
   template <class Launch>
-  double seconds_per_call(int iterations, Launch &&launch) {
-    for (int w = 0; w < 3; ++w)
-      launch();
+  double seconds_per_call(int iterations, Launch&& launch) {
+    for (int w = 0; w < 3; ++w) launch();
     LAZYKV_CUDA_CHECK(cudaEventRecord(start_));
-    for (int it = 0; it < iterations; ++it)
-      launch();
+    for (int it = 0; it < iterations; ++it) launch();
     LAZYKV_CUDA_CHECK(cudaEventRecord(stop_));
     LAZYKV_CUDA_CHECK(cudaEventSynchronize(stop_));
     float ms = 0;
@@ -47,15 +44,14 @@ public:
     return double(ms) * 1e-3 / iterations;
   }
 
-private:
+ private:
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
 // usage: NAME [iterations]. `measure(out, iterations, copy_read_write)` adds
 // its results to `out`, which is then printed.
-inline int bandwidth_main(
-    const char *name, int argc, char **argv,
-    const std::function<void(nlohmann::json &, int, double)> &measure) {
+inline int bandwidth_main(const char* name, int argc, char** argv,
+                          const std::function<void(nlohmann::json&, int, double)>& measure) {
   try {
     const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
     cudaDeviceProp prop{};
@@ -68,10 +64,10 @@ inline int bandwidth_main(
     measure(out, iterations, 2 * copy);
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
-  } catch (const std::exception &e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     return 1;
   }
 }
 
-} // namespace lazykv::cuda
+}  // namespace lazykv::cuda

@@ -19,32 +19,30 @@
 namespace lazykv::cuda {
 
 class PrefillAttention {
-public:
+ public:
   // Throws Error(kInternal) when cuBLAS cannot start (kOutOfMemory for memory).
   explicit PrefillAttention(cudaStream_t stream);
   ~PrefillAttention();
-  PrefillAttention(const PrefillAttention &) = delete;
-  PrefillAttention &operator=(const PrefillAttention &) = delete;
+  PrefillAttention(const PrefillAttention&) = delete;
+  PrefillAttention& operator=(const PrefillAttention&) = delete;
 
   // Scratch for chunks of up to max_tokens tokens over up to max_slots slots,
   // n_group queries per token, so run() never allocates.
-  void reserve(int64_t max_tokens, int32_t max_slots, int n_group,
-               int head_dim);
+  void reserve(int64_t max_tokens, int32_t max_slots, int n_group, int head_dim);
 
   // One sequence's chunk, one cache head: token t's n_group queries at
   // q + t·q_stride (head after head, head_dim floats each), seeing the first
   // n_slots - (n_tokens - 1 - t) slots of the head's pages (cpu::KvPages
   // layout; the tables in device memory); out likewise at out + t·out_stride.
-  void run(const float *q, int64_t q_stride, const uint16_t *const *keys,
-           const uint16_t *const *values, int32_t page_slots, int32_t n_slots,
-           int64_t n_tokens, int n_group, int head_dim, float scale, float *out,
+  void run(const float* q, int64_t q_stride, const uint16_t* const* keys, const uint16_t* const* values,
+           int32_t page_slots, int32_t n_slots, int64_t n_tokens, int n_group, int head_dim, float scale, float* out,
            int64_t out_stride);
 
-private:
+ private:
   cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_;
-  DeviceBuffer<uint16_t> keys_, values_, queries_, probs_; // f16
+  DeviceBuffer<uint16_t> keys_, values_, queries_, probs_;  // f16
   DeviceBuffer<float> scores_;
 };
 
-} // namespace lazykv::cuda
+}  // namespace lazykv::cuda

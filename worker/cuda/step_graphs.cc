@@ -6,26 +6,21 @@
 
 namespace lazykv {
 
-StepGraphs::StepGraphs(size_t capacity)
-    : capacity_(std::max<size_t>(capacity, 1)) {}
+StepGraphs::StepGraphs(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {}
 
 StepGraphs::~StepGraphs() {
-  for (Entry &e : entries_)
-    static_cast<void>(cudaGraphExecDestroy(e.exec));
+  for (Entry& e : entries_) static_cast<void>(cudaGraphExecDestroy(e.exec));
 }
 
-cudaGraphExec_t StepGraphs::capture(cudaStream_t stream,
-                                    const std::function<void()> &launches) {
+cudaGraphExec_t StepGraphs::capture(cudaStream_t stream, const std::function<void()>& launches) {
   // Thread-local: the worker's other threads may use CUDA meanwhile.
-  LAZYKV_CUDA_CHECK(
-      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  LAZYKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
     launches();
   } catch (...) {
     cudaGraph_t partial = nullptr;
     static_cast<void>(cudaStreamEndCapture(stream, &partial));
-    if (partial != nullptr)
-      static_cast<void>(cudaGraphDestroy(partial));
+    if (partial != nullptr) static_cast<void>(cudaGraphDestroy(partial));
     throw;
   }
   cudaGraph_t graph = nullptr;
@@ -38,17 +33,13 @@ cudaGraphExec_t StepGraphs::capture(cudaStream_t stream,
   return exec;
 }
 
-void StepGraphs::run(const std::vector<int64_t> &signature, cudaStream_t stream,
-                     const std::function<void()> &launches) {
-  auto found =
-      std::find_if(entries_.begin(), entries_.end(),
-                   [&](const Entry &e) { return e.signature == signature; });
+void StepGraphs::run(const std::vector<int64_t>& signature, cudaStream_t stream,
+                     const std::function<void()>& launches) {
+  auto found = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.signature == signature; });
   if (found == entries_.end()) {
     if (entries_.size() == capacity_) {
       auto oldest = std::min_element(entries_.begin(), entries_.end(),
-                                     [](const Entry &a, const Entry &b) {
-                                       return a.last_used < b.last_used;
-                                     });
+                                     [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
       LAZYKV_CUDA_CHECK(cudaGraphExecDestroy(oldest->exec));
       entries_.erase(oldest);
     }
@@ -66,4 +57,4 @@ void StepGraphs::run(const std::vector<int64_t> &signature, cudaStream_t stream,
   ++replays_;
 }
 
-} // namespace lazykv
+}  // namespace lazykv

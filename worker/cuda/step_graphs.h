@@ -17,31 +17,29 @@
 namespace lazykv {
 
 class StepGraphs {
-public:
+ public:
   // Keeps at most `capacity` graphs, dropping the least recently used.
   explicit StepGraphs(size_t capacity);
   ~StepGraphs();
-  StepGraphs(const StepGraphs &) = delete;
-  StepGraphs &operator=(const StepGraphs &) = delete;
+  StepGraphs(const StepGraphs&) = delete;
+  StepGraphs& operator=(const StepGraphs&) = delete;
 
   // Runs `launches` on `stream`: replays the graph captured under
   // `signature`, else captures one (`launches` may only enqueue work on
   // `stream`; nothing runs while it captures) and replays it. An exception
   // from `launches` ends the capture and leaves the stream usable.
-  void run(const std::vector<int64_t> &signature, cudaStream_t stream,
-           const std::function<void()> &launches);
+  void run(const std::vector<int64_t>& signature, cudaStream_t stream, const std::function<void()>& launches);
 
   size_t captures() const { return captures_; }
   size_t replays() const { return replays_; }
 
-private:
+ private:
   struct Entry {
     std::vector<int64_t> signature;
     cudaGraphExec_t exec = nullptr;
     uint64_t last_used = 0;
   };
-  cudaGraphExec_t capture(cudaStream_t stream,
-                          const std::function<void()> &launches);
+  cudaGraphExec_t capture(cudaStream_t stream, const std::function<void()>& launches);
 
   size_t capacity_;
   std::vector<Entry> entries_;
@@ -49,4 +47,4 @@ private:
   size_t captures_ = 0, replays_ = 0;
 };
 
-} // namespace lazykv
+}  // namespace lazykv
