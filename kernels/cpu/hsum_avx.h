@@ -1,4 +1,4 @@
-// Horizontal sum of 8 floats, for the AVX2 kernels (simd_dot.cc,
+// Horizontal sums of 8 (and 16) floats, for the AVX2 kernels (simd_dot.cc,
 // kquant_rows.cc); include only where __AVX2__ is defined. Internal to
 // kernels/cpu.
 #pragma once
@@ -13,5 +13,9 @@ inline float hsum(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+
+#if defined(__AVX512F__)
+inline float hsum(__m512 v) { return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
+#endif
 
 }  // namespace lazykv::cpu

@@ -29,6 +29,7 @@
 #include "common/fp16.h"
 #include "kernels/cpu/compile_time_count.h"
 #include "kernels/cpu/kquant_rows.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
 
@@ -71,13 +72,10 @@ inline float hsum(v16f v) {
 
 // GCC 12 scalarizes vector-extension conversions from bytes, so the block
 // unpacking uses intrinsics. Nibbles: lo = low nibbles of 16 bytes (elements
-// 0..15), hi = high nibbles (elements 16..31).
+// 0..15), hi = high nibbles (elements 16..31). (AVX-512 builds look the
+// nibbles up instead: nibbles_dequantized.)
 inline void nibbles_to_float(const uint8_t* qs, v16f& lo, v16f& hi) {
-#if defined(__AVX512F__)
-  const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-  lo = v16f(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F))));
-  hi = v16f(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)));
-#elif defined(__AVX2__)
+#if defined(__AVX2__)
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m256i q0 = _mm256_cvtepu8_epi32(bytes);
   const __m256i q1 = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
@@ -94,6 +92,26 @@ inline void nibbles_to_float(const uint8_t* qs, v16f& lo, v16f& hi) {
   }
   std::memcpy(&lo, l, 64);
   std::memcpy(&hi, h, 64);
+#endif
+}
+
+// 16 packed-nibble bytes dequantized: lo = q·d_lo + m_lo for the low
+// nibbles (16 elements), hi = q·d_hi + m_hi for the high ones. On AVX-512 the
+// nibbles index a table of the 16 possible values (made by one FMA), so the
+// permute port does what the conversions and the FMAs did on the FMA ports.
+inline void nibbles_dequantized(const uint8_t* qs, float d_lo, float m_lo, float d_hi, float m_hi, v16f& lo,
+                                v16f& hi) {
+#if defined(__AVX512F__)
+  const __m512 nibble_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 values_lo = _mm512_fmadd_ps(nibble_values, _mm512_set1_ps(d_lo), _mm512_set1_ps(m_lo));
+  const __m512 values_hi = _mm512_fmadd_ps(nibble_values, _mm512_set1_ps(d_hi), _mm512_set1_ps(m_hi));
+  const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  lo = v16f(_mm512_permutexvar_ps(q, values_lo));  // indexes by the low 4 bits
+  hi = v16f(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values_hi));
+#else
+  nibbles_to_float(qs, lo, hi);
+  lo = lo * d_lo + m_lo;
+  hi = hi * d_hi + m_hi;
 #endif
 }
 
@@ -140,6 +158,21 @@ inline v16i bytes_to_i32(const uint8_t* p) {
 template <DType kType>
 constexpr int kUnitElements = kType == DType::kQ4_K ? 64 : kType == DType::kQ6_K ? 128 : 32;
 
+// Bytes of a unit in the row: a unit is a block, or a whole fraction of one.
+template <DType kType>
+constexpr size_t kUnitBytes = kType == DType::kQ8_0   ? sizeof(BlockQ8_0)
+                              : kType == DType::kQ4_0 ? sizeof(BlockQ4_0)
+                              : kType == DType::kQ4_1 ? sizeof(BlockQ4_1)
+                              : kType == DType::kQ4_K ? sizeof(BlockQ4_K) / 4
+                                                      : sizeof(BlockQ6_K) / 2;
+
+// Prefetching pays where a row's work is short (memory-bound: one or two
+// tokens); past that it measured neutral to slower.
+template <DType kType, int NT>
+inline void prefetch_unit_ahead(const uint8_t* row, int64_t u) {
+  if constexpr (NT <= 2) prefetch_ahead<kUnitBytes<kType>>(row + u * kUnitBytes<kType>);
+}
+
 // Types with a fused kernel; other types are dequantized into a row buffer.
 bool is_fused_type(DType type) {
   return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0 || type == DType::kQ4_K ||
@@ -170,9 +203,7 @@ inline void unit_to_float(const uint8_t* row, int64_t u, v16f* w) {
       d = fp16_to_fp32(blk->d);
       m = -8.0f * d;
     }
-    nibbles_to_float(qs, w[0], w[1]);
-    w[0] = w[0] * d + m;
-    w[1] = w[1] * d + m;
+    nibbles_dequantized(qs, d, m, d, m, w[0], w[1]);
   } else if constexpr (kType == DType::kQ4_K) {
     // Unit = one 64-element group of a super-block: sub-block 2g in the low
     // nibbles of its 32 bytes, sub-block 2g + 1 in the high nibbles.
@@ -185,12 +216,8 @@ inline void unit_to_float(const uint8_t* row, int64_t u, v16f* w) {
     const float d_lo = d * float(sc_lo), min_lo = dmin * float(m_lo);
     const float d_hi = d * float(sc_hi), min_hi = dmin * float(m_hi);
     const uint8_t* q = blk->qs + 32 * group;
-    nibbles_to_float(q, w[0], w[2]);
-    nibbles_to_float(q + 16, w[1], w[3]);
-    w[0] = w[0] * d_lo - min_lo;
-    w[1] = w[1] * d_lo - min_lo;
-    w[2] = w[2] * d_hi - min_hi;
-    w[3] = w[3] * d_hi - min_hi;
+    nibbles_dequantized(q, d_lo, -min_lo, d_hi, -min_hi, w[0], w[2]);
+    nibbles_dequantized(q + 16, d_lo, -min_lo, d_hi, -min_hi, w[1], w[3]);
   } else {
     static_assert(kType == DType::kQ6_K);
     // Unit = one 128-element half of a super-block. Element 32 q + k (quarter
@@ -233,6 +260,7 @@ void fused_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_strid
   if constexpr (kChains > 1) {
     for (; u + kUnitsPerStep <= n_units; u += kUnitsPerStep) {
       for (int g = 0; g < kUnitsPerStep; ++g) {
+        prefetch_unit_ahead<kType, NT>(row, u + g);
         v16f w[kVectors];
         unit_to_float<kType>(row, u + g, w);
         for (int t = 0; t < NT; ++t) {
@@ -244,6 +272,7 @@ void fused_row(const uint8_t* row, int64_t cols, const float* x, int64_t x_strid
   }
   // One chain per token (enough of them with NT >= 3), and the units left over.
   for (; u < n_units; ++u) {
+    prefetch_unit_ahead<kType, NT>(row, u);
     v16f w[kVectors];
     unit_to_float<kType>(row, u, w);
     for (int t = 0; t < NT; ++t) {
@@ -377,7 +406,8 @@ void pack_panel(const WeightMatrix& w, int64_t r0, int n_rows, float* panel, flo
 }
 
 size_t thread_floats(int64_t cols) {
-  // panel [cols][kPanelRows] + one row (which also holds the K-quant rows' scratch), rounded to 64 bytes
+  // panel [cols][kPanelRows] + one row, rounded to 64 bytes; the few-token kernels use the same room
+  // for their row buffer or the K-quant rows' 2 * cols floats
   return (size_t(cols) * (kPanelRows + 1) + 15) / 16 * 16;
 }
 

@@ -21,6 +21,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/hsum_avx.h"
+#include "kernels/cpu/prefetch.h"
 #endif
 
 // GCC 12 reports false "may be used uninitialized" warnings from inside
@@ -242,6 +243,7 @@ void dot_tile_grouped(int64_t nb, const uint8_t* w, size_t ws, const uint8_t* a,
   }
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) {
+    for (int r = 0; r < R; ++r) prefetch_ahead<8 * kWeightBlock>(w + r * ws + b * kWeightBlock);
     dot_group<Kind, R, T, true>(8, w + b * kWeightBlock, ws, a + b * kActBlock, as, acc);
   }
   if (b < nb) {
@@ -282,6 +284,7 @@ float dot_q4_k(int64_t nb, const BlockQ4_K* x, const BlockQ8_K* y) {
   __m256 acc = _mm256_setzero_ps();
   float mins_total = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
+    prefetch_ahead<sizeof(BlockQ4_K)>(x + i);
     int scales[8], mins[8];
     int sum_mins = 0;
     for (int j = 0; j < 8; ++j) {
@@ -311,6 +314,7 @@ float dot_q6_k(int64_t nb, const BlockQ6_K* x, const BlockQ8_K* y) {
   __m256 acc = _mm256_setzero_ps();
   float offset_total = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
+    prefetch_ahead<sizeof(BlockQ6_K)>(x + i);
     const float d = fp16_to_fp32(x[i].d) * y[i].d;
     // Quants are stored +32: Σ sc·(q-32)·y = Σ sc·q·y - 32·Σ sc·bsum.
     int offset = 0;
