@@ -2,8 +2,9 @@
 // from memory once per step. On the CI Xeon one core's hardware prefetcher
 // alone kept about half of its read bandwidth busy: the kernels work long
 // between cache lines (dequantizing), so too few lines were in flight.
-// With it, the exact one-token kernels read 1.4x (Q4_K) and 2x (Q6_K) as
-// fast from memory (bench/matmul_bench, BM_MatmulLargerModel with copies:64).
+// With it, the one-token kernels read rows from memory 1.1-2x as fast on
+// the CI Xeon (1.5B MLP rows, 2 threads; bench/matmul_bench's copies:64
+// cases measure that regime).
 // Internal to kernels/cpu.
 #pragma once
 
