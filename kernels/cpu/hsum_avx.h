@@ -1,6 +1,6 @@
-// Horizontal sums of 8 (and 16) floats, for the AVX2 kernels (simd_dot.cc,
-// kquant_rows.cc); include only where __AVX2__ is defined. Internal to
-// kernels/cpu.
+// Horizontal sums of 8 floats (and of 16 on AVX-512), for the SIMD kernels
+// (simd_dot.cc, kquant_rows.cc); include only where __AVX2__ is defined.
+// Internal to kernels/cpu.
 #pragma once
 
 #include <immintrin.h>
@@ -15,7 +15,11 @@ inline float hsum(__m256 v) {
 }
 
 #if defined(__AVX512F__)
-inline float hsum(__m512 v) { return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))); }
+// (The upper half through the f64 extract: the f32 one needs AVX512DQ.)
+inline float hsum(__m512 v) {
+  const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), upper));
+}
 #endif
 
 }  // namespace lazykv::cpu

@@ -367,8 +367,8 @@ void q6k_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float
 
 }  // namespace
 
-// Q4_K's group sums, cols / 32 floats a token, and one token's permuted
-// activations fit the 2 * w.cols floats of scratch.
+// Q4_K's group sums, cols / 32 floats a token, fit the first w.cols floats
+// of scratch; one token's permuted activations (w.cols floats) follow them.
 static_assert(kQ4kRowsMaxTokens <= kQ4kSubBlock);
 
 void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,

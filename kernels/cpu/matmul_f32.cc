@@ -70,10 +70,10 @@ inline float hsum(v16f v) {
 #endif
 }
 
+#if !defined(__AVX512F__)  // AVX-512 builds look the nibbles up instead (nibbles_dequantized)
 // GCC 12 scalarizes vector-extension conversions from bytes, so the block
 // unpacking uses intrinsics. Nibbles: lo = low nibbles of 16 bytes (elements
-// 0..15), hi = high nibbles (elements 16..31). (AVX-512 builds look the
-// nibbles up instead: nibbles_dequantized.)
+// 0..15), hi = high nibbles (elements 16..31).
 inline void nibbles_to_float(const uint8_t* qs, v16f& lo, v16f& hi) {
 #if defined(__AVX2__)
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -94,6 +94,7 @@ inline void nibbles_to_float(const uint8_t* qs, v16f& lo, v16f& hi) {
   std::memcpy(&hi, h, 64);
 #endif
 }
+#endif
 
 // 16 packed-nibble bytes dequantized: lo = q·d_lo + m_lo for the low
 // nibbles (16 elements), hi = q·d_hi + m_hi for the high ones. On AVX-512 the

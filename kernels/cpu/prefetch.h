@@ -12,13 +12,14 @@
 
 namespace lazykv::cpu {
 
-// How far ahead of the block being read its row is requested: a few
-// microseconds of work at the kernels' rate (4 KiB measured best of 1, 2, 4
-// and 8 KiB).
+// How far ahead of the block being read its row is requested: under a
+// microsecond of work at the kernels' rate, about a memory latency or a few
+// (4 KiB measured best of 1, 2, 4 and 8 KiB).
 inline constexpr size_t kPrefetchAhead = 4096;
 
 // Requests the cache lines of kBytes bytes, kPrefetchAhead past p. Called
-// once per block of a row, it covers every line of the rows that follow.
+// for every block (or group of blocks) of a row, it covers every line of the
+// rows that follow.
 template <size_t kBytes>
 inline void prefetch_ahead(const void* p) {
   const char* ahead = static_cast<const char*>(p) + kPrefetchAhead;

@@ -247,6 +247,7 @@ void dot_tile_grouped(int64_t nb, const uint8_t* w, size_t ws, const uint8_t* a,
     dot_group<Kind, R, T, true>(8, w + b * kWeightBlock, ws, a + b * kActBlock, as, acc);
   }
   if (b < nb) {
+    for (int r = 0; r < R; ++r) prefetch_ahead<8 * kWeightBlock>(w + r * ws + b * kWeightBlock);
     dot_group<Kind, R, T, false>(static_cast<int>(nb - b), w + b * kWeightBlock, ws, a + b * kActBlock, as, acc);
   }
   for (int r = 0; r < R; ++r) {
