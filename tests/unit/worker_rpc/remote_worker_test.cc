@@ -142,6 +142,9 @@ class WorkerRpcTest : public ::testing::Test {
     metrics::Registry registry;
     SchedulerOptions options;
     options.max_batch = 4;  // more sequences than slots: admissions mid-run
+    // Prompt chunks sized by measured step time would make the two runs' steps
+    // differ, and with them the f32 kernels' summation order and the logprobs.
+    options.max_decode_stall = std::chrono::milliseconds(0);
     std::vector<Outcome> out;
     {
       Scheduler scheduler(worker, *tokenizer_, registry, options);
