@@ -49,7 +49,7 @@ void BM_StepOverStream(benchmark::State& state) {
   ServedInstant served;
   RemoteWorker remote(served.address());
   StepPlan plan;
-  for (int64_t i = 0; i < state.range(0); ++i) plan.items.push_back({SeqId(i + 1), 0});
+  for (int64_t i = 0; i < state.range(0); ++i) plan.items.push_back({SeqId(i + 1), 0, {}});
   for (auto _ : state) {
     const StepResult result = remote.step(plan);
     benchmark::DoNotOptimize(result.tokens.data());

@@ -172,7 +172,9 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   if (drain_seconds < 0) throw Error(ErrorCode::kInvalidArgument, "--drain-seconds must be >= 0");
   const char* role = options.role.c_str();
 
-  OpenAiService api(tokenizer, scheduler, registry, service);
+  ServiceConfig shared = service;
+  shared.constraints = std::make_shared<grammar::ConstraintCache>(tokenizer);
+  OpenAiService api(tokenizer, scheduler, registry, shared);
   api.set_ready(options.ready);
   if (options.live_api != nullptr) *options.live_api = &api;
   http::ServerOptions http_options = http_options_from_flags(flags, role);
@@ -183,7 +185,7 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   http_options.on_own_answer = [&api](int status) { api.count_server_answer(status); };
   http::Server server(http_options, [&api](const http::Request& r, http::ResponseWriter& w) { api.handle(r, w); });
   server.start();
-  GrpcApi grpc_api(tokenizer, scheduler, registry, service);
+  GrpcApi grpc_api(tokenizer, scheduler, registry, shared);
   std::unique_ptr<GrpcServer> grpc_server;
   if (grpc_port >= 0) {
     grpc_server = std::make_unique<GrpcServer>(http_options.host, int(grpc_port), grpc_api, GrpcApi::kServiceName, 0,

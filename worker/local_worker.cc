@@ -136,12 +136,19 @@ StepResult LocalWorker::step(const StepPlan& plan) {
   std::vector<BatchItem> items;
   std::vector<SeqId> item_seq;
   std::vector<bool> samples;  // the item yields a token
+  std::vector<std::span<const uint32_t>> allowed;  // its token mask (empty: any token)
   for (const StepItem& it : plan.items) {
     auto found = seqs_.find(it.seq);
     if (found == seqs_.end()) {
       const bool reported = std::any_of(result.failed.begin(), result.failed.end(),
                                         [&](const auto& f) { return f.first == it.seq; });
       if (!reported) result.failed.emplace_back(it.seq, "sequence " + std::to_string(it.seq) + " is not running");
+      continue;
+    }
+    if (!it.allowed.empty() && !mask_allows_any(it.allowed, size_t(options_.n_vocab))) {
+      result.failed.emplace_back(it.seq, "the token mask does not cover the vocabulary of " +
+                                             std::to_string(options_.n_vocab) + " or allows no token");
+      release(it.seq);
       continue;
     }
     Sequence& s = found->second;
@@ -172,6 +179,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
       samples.push_back(true);
     }
     item_seq.push_back(it.seq);
+    allowed.push_back(it.allowed);
   }
   if (items.empty()) {
     finish();
@@ -198,7 +206,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     if (samples[i]) {
       // Embedding rows past the tokenizer's vocabulary (padding) are never sampled.
       const std::span<const float> row = logits.subspan(i * model_vocab, size_t(options_.n_vocab));
-      out.token = s.sampler->sample(row);
+      out.token = s.sampler->sample(row, allowed[i]);
       s.last = out.token;
       if (s.top_logprobs >= 0) fill_logprobs(row, s.top_logprobs, out);
     }

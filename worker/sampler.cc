@@ -84,16 +84,34 @@ void Sampler::count_output(int32_t token) {
   if (penalizes(params_)) ++seen_[token].in_output;
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  const int32_t token = pick(adjust(logits));
+bool mask_allows_any(std::span<const uint32_t> allowed, size_t n_vocab) {
+  if (allowed.size() != (n_vocab + 31) / 32) return false;
+  for (size_t w = 0; w < allowed.size(); ++w) {
+    const size_t valid = std::min<size_t>(32, n_vocab - w * 32);
+    const uint32_t in_vocab = valid == 32 ? ~uint32_t(0) : (uint32_t(1) << valid) - 1;
+    if ((allowed[w] & in_vocab) != 0) return true;
+  }
+  return false;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const uint32_t> allowed) {
+  const int32_t token = pick(adjust(logits, allowed));
   count_output(token);
   return token;
 }
 
-std::span<const float> Sampler::adjust(std::span<const float> logits) {
+std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<const uint32_t> allowed) {
   const bool hold_end = generated_ < params_.min_tokens && !params_.end_tokens.empty();
-  if (params_.logit_bias.empty() && !hold_end && seen_.empty()) return logits;
+  if (params_.logit_bias.empty() && !hold_end && seen_.empty() && allowed.empty()) return logits;
   adjusted_.assign(logits.begin(), logits.end());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (size_t w = 0; w < allowed.size(); ++w) {
+    if (allowed[w] == ~uint32_t(0)) continue;
+    const size_t end = std::min(adjusted_.size(), w * 32 + 32);
+    for (size_t t = w * 32; t < end; ++t) {
+      if (!(allowed[w] >> (t % 32) & 1)) adjusted_[t] = kNegInf;
+    }
+  }
   const auto in_vocab = [&](int32_t token) { return size_t(token) < adjusted_.size(); };
   for (const auto& [token, bias] : params_.logit_bias) {
     if (in_vocab(token)) adjusted_[size_t(token)] += bias;

@@ -44,11 +44,13 @@ class Sampler {
   // tokens were sampled before (a sequence preempted and started again).
   // The penalties count those as output.
   void start(std::span<const int32_t> tokens, int32_t generated);
-  // Picks the next token and counts it as output.
-  int32_t sample(std::span<const float> logits);
+  // Picks the next token among the `allowed` ones (bit t of word t / 32;
+  // empty: any) and counts it as output. The caller checks that the mask
+  // covers the logits and allows one of them (mask_allows_any).
+  int32_t sample(std::span<const float> logits, std::span<const uint32_t> allowed = {});
 
  private:
-  std::span<const float> adjust(std::span<const float> logits);
+  std::span<const float> adjust(std::span<const float> logits, std::span<const uint32_t> allowed);
   int32_t pick(std::span<const float> logits);
   void count_output(int32_t token);
 
@@ -65,5 +67,8 @@ class Sampler {
 
 // Index of the largest logit (the lowest index among equals).
 int32_t argmax(std::span<const float> logits);
+
+// Whether `allowed` has a word for each of n_vocab tokens and allows one of them.
+bool mask_allows_any(std::span<const uint32_t> allowed, size_t n_vocab);
 
 }  // namespace lazykv

@@ -33,6 +33,9 @@ struct StepItem {
   // when the chunk completes the prompt). 0: decode, feeding the last
   // sampled token.
   int32_t prefill_tokens = 0;
+  // When the item samples: the tokens it may sample (bit t of word t / 32),
+  // from the coordinator's grammar (structured outputs). Empty: any token.
+  std::vector<uint32_t> allowed;
 };
 
 struct StepPlan {

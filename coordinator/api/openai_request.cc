@@ -259,6 +259,54 @@ std::string parse_content(const Json& content, const std::string& field) {
   return text;
 }
 
+// One structured output per request.
+void set_response_grammar(ParseState& s, grammar::ResponseGrammar g, const std::string& field) {
+  if (s.request.response_grammar.schema) {
+    throw invalid_request("only one of 'response_format' (json_object or json_schema), 'guided_json' and "
+                          "'guided_choice' may be given",
+                          field);
+  }
+  s.request.response_grammar = std::move(g);
+}
+
+grammar::ResponseGrammar compile_schema(const Json& schema, const std::string& field) {
+  // The compiler reads plain nlohmann::json; properties are sorted there anyway.
+  const nlohmann::json plain = nlohmann::json::parse(schema.dump());
+  try {
+    return {"schema:" + plain.dump(), std::make_shared<const grammar::JsonSchema>(grammar::compile_json_schema(plain))};
+  } catch (const Error& e) {
+    throw invalid_request(e.what(), field);
+  }
+}
+
+void parse_response_format(ParseState& s, const Json& v) {
+  if (!v.is_object()) wrong_type("response_format", "an object", v, "response_format");
+  const auto type = v.find("type");
+  if (type == v.end()) throw invalid_request("'response_format.type' is required", "response_format");
+  const std::string& kind = get_string(*type, "response_format.type", "response_format");
+  if (kind == "text") return;
+  if (kind == "json_object") {
+    static const auto any_object = std::make_shared<const grammar::JsonSchema>(grammar::any_json_object());
+    return set_response_grammar(s, {"json_object", any_object}, "response_format");
+  }
+  if (kind != "json_schema") not_supported("'response_format' of type " + quote(kind), "response_format");
+  const auto spec = v.find("json_schema");
+  if (spec == v.end() || !spec->is_object()) {
+    throw invalid_request("'response_format.json_schema' is required with type json_schema: an object with "
+                          "'name' and 'schema'",
+                          "response_format");
+  }
+  if (const auto name = spec->find("name"); name != spec->end()) {
+    get_string(*name, "response_format.json_schema.name", "response_format");
+  }
+  const auto schema = spec->find("schema");
+  if (schema == spec->end()) {
+    throw invalid_request("'response_format.json_schema.schema' is required (the JSON schema of the reply)",
+                          "response_format");
+  }
+  set_response_grammar(s, compile_schema(*schema, "response_format"), "response_format");
+}
+
 // tool_choice against tools, once both are read. OpenAI's default is
 // "auto" with tools and "none" without.
 void check_tool_choice(ParseState& s) {
@@ -641,14 +689,37 @@ const FieldRule kRules[] = {
          not_supported("'function_call' (function calling)", "function_call");
        }
      }},
-    {"response_format", Scope::kBoth, true,
-     [](ParseState&, const Json& v) {
-       if (!v.is_object()) wrong_type("response_format", "an object", v, "response_format");
-       const auto type = v.find("type");
-       if (type == v.end()) throw invalid_request("'response_format.type' is required", "response_format");
-       const std::string& kind = get_string(*type, "response_format.type", "response_format");
-       if (kind != "text") not_supported("'response_format' of type " + quote(kind), "response_format");
+    {"response_format", Scope::kBoth, true, parse_response_format},
+    {"guided_json", Scope::kBoth, true,
+     [](ParseState& s, const Json& v) {
+       // A schema, or (as vLLM also takes it) a string holding one.
+       if (v.is_string()) {
+         Json schema;
+         try {
+           schema = Json::parse(v.get_ref<const std::string&>());
+         } catch (const Json::exception&) {
+           throw invalid_request("'guided_json' is a string that is not JSON", "guided_json");
+         }
+         return set_response_grammar(s, compile_schema(schema, "guided_json"), "guided_json");
+       }
+       set_response_grammar(s, compile_schema(v, "guided_json"), "guided_json");
      }},
+    {"guided_choice", Scope::kBoth, true,
+     [](ParseState& s, const Json& v) {
+       if (!v.is_array() || v.empty()) wrong_type("guided_choice", "a non-empty array of strings", v, "guided_choice");
+       std::vector<std::string> choices;
+       for (size_t i = 0; i < v.size(); ++i) {
+         choices.push_back(get_string(v[i], "guided_choice[" + std::to_string(i) + "]", "guided_choice"));
+         if (choices.back().empty()) throw invalid_request("'guided_choice' has an empty string", "guided_choice");
+       }
+       const std::string key = "choice:" + v.dump();
+       set_response_grammar(s, {key, std::make_shared<const grammar::JsonSchema>(grammar::one_of_texts(choices))},
+                            "guided_choice");
+     }},
+    {"guided_regex", Scope::kBoth, true,
+     [](ParseState&, const Json&) { not_supported("'guided_regex' (use guided_json or guided_choice)", "guided_regex"); }},
+    {"guided_grammar", Scope::kBoth, true,
+     [](ParseState&, const Json&) { not_supported("'guided_grammar' (use guided_json or guided_choice)", "guided_grammar"); }},
     {"modalities", Scope::kBoth, true,
      [](ParseState&, const Json& v) {
        if (!v.is_array()) wrong_type("modalities", "an array of strings", v, "modalities");
@@ -777,6 +848,11 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
     not_supported("'echo' together with 'logprobs' (log-probabilities of the prompt)", "echo");
   }
   check_tool_choice(s);
+  if (s.request.response_grammar.schema) {
+    // The grammar decides where the output ends.
+    if (s.request.ignore_eos) not_supported("'ignore_eos' together with a structured output", "ignore_eos");
+    if (s.request.min_tokens > 0) not_supported("'min_tokens' together with a structured output", "min_tokens");
+  }
   if (s.request.max_tokens && s.request.min_tokens > *s.request.max_tokens) {
     throw invalid_request("'min_tokens' (" + std::to_string(s.request.min_tokens) + ") must not exceed 'max_tokens' (" +
                               std::to_string(*s.request.max_tokens) + ")",

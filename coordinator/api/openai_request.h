@@ -16,6 +16,7 @@
 
 #include "common/policy_config.h"
 #include "coordinator/chat/chat_template.h"
+#include "coordinator/grammar/json_schema.h"
 
 namespace lazykv::api {
 
@@ -86,6 +87,10 @@ struct GenerationRequest {
   int top_logprobs = 0;
   bool echo = false;                   // completions: the prompt text is prepended to each choice
   std::optional<PolicyConfig> kv_policy;  // extension "kv_policy": {"name": ..., params...}; unset: server default
+  // Structured output: response_format json_object or json_schema, or the
+  // extensions guided_json (a schema) and guided_choice (one of some
+  // strings), compiled. No schema: free text.
+  grammar::ResponseGrammar response_grammar;
   std::string user;
   // Top-level fields lazykv does not know, in order of appearance: ignored,
   // so newer clients keep working; the server logs each name once. At most
@@ -98,7 +103,8 @@ struct GenerationRequest {
 // string, missing or mistyped fields, values out of range, empty prompts or
 // messages, min_tokens above max_tokens, and features lazykv does not
 // implement when they would change the output (echo together with logprobs,
-// best_of != n, functions, response_format other than text). Unknown
+// best_of != n, functions, a JSON schema with a keyword lazykv cannot
+// enforce, ignore_eos or min_tokens together with a structured output). Unknown
 // fields are not errors: they are listed in ignored_fields.
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body, const RequestLimits& limits);
 

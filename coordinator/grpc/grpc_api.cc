@@ -129,6 +129,7 @@ struct InFlight {
 GrpcApi::GrpcApi(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config)
     : tokenizer_(tokenizer),
       prompts_(tokenizer),
+      constraints_(config.constraints ? config.constraints : std::make_shared<grammar::ConstraintCache>(tokenizer)),
       scheduler_(scheduler),
       metrics_(metrics),
       config_(std::move(config)) {
@@ -195,7 +196,8 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
     const std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, 0);
     const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), scheduler_.worker_info().n_ctx, config_);
     const char* input = chat ? "messages" : "prompt";
-    std::vector<SequenceRequest> sequences = make_sequences(with_logprobs, prompt, max_tokens, config_, 0, arrival);
+    std::vector<SequenceRequest> sequences =
+        make_sequences(with_logprobs, prompt, max_tokens, config_, 0, arrival, response_constraint(*constraints_, r));
     try {
       handles = scheduler_.submit(std::move(sequences));
     } catch (const Error& e) {

@@ -51,6 +51,7 @@ class GrpcApi final : public lazykv::v1::Lazykv::Service {
 
   const Tokenizer& tokenizer_;
   PromptEncoder prompts_;
+  std::shared_ptr<grammar::ConstraintCache> constraints_;
   Scheduler& scheduler_;
   metrics::Registry& metrics_;
   ServiceConfig config_;

@@ -16,13 +16,16 @@ constexpr auto kWorkerRetryDelay = std::chrono::milliseconds(100);
 struct Scheduler::Sequence {
   Sequence(uint64_t id, SequenceRequest r, std::shared_ptr<SequenceStream> stream, const Tokenizer& tokenizer)
       : id(id), request(std::move(r)), stream(std::move(stream)), decoder(tokenizer),
-        stop(request.stop) {}
+        stop(request.stop) {
+    if (request.constraint) grammar = request.constraint->start();
+  }
   uint64_t id;
   SequenceRequest request;
   std::shared_ptr<SequenceStream> stream;
   StreamDecoder decoder;
   StopStringMatcher stop;
   std::vector<int32_t> generated;
+  grammar::MatchState grammar;  // where the output stands in request.constraint's grammar
   bool started = false;    // known to the worker
   bool prefilled = false;  // its prompt (plus generated tokens, after a preemption) is cached
   int32_t prompt_fed = 0;  // of those, tokens prefilled so far (chunked prefill)
@@ -241,6 +244,11 @@ void Scheduler::on_token(Sequence& seq, const SampledToken& sampled) {
     metrics_.histogram(metrics::kInterTokenLatency).observe(std::chrono::duration<double>(now - seq.last_token).count());
   }
   seq.last_token = now;
+  if (seq.request.constraint && !seq.request.constraint->accept(seq.grammar, sampled.token)) {
+    finish(seq, "error", "the worker sampled token " + std::to_string(sampled.token) +
+                             ", which the response format does not allow");
+    return;
+  }
   seq.generated.push_back(sampled.token);
   metrics_.counter(metrics::kGenerationTokens).inc();
   // The end-of-generation token adds no text, but it is a token of the
@@ -293,7 +301,7 @@ bool Scheduler::step_once() {
   bool whole_prompt = false;  // an unchunkable prompt runs: its step costs more than a chunk of its size
   for (const auto& seq : running_) {
     if (seq->prefilled) {
-      plan.items.push_back({SeqId(seq->id), 0});
+      plan.items.push_back({SeqId(seq->id), 0, allowed_tokens(*seq)});
       continue;
     }
     const int32_t remaining = seq->feed_size() - seq->prompt_fed;
@@ -306,7 +314,7 @@ bool Scheduler::step_once() {
       }
     }
     if (n <= 0) continue;
-    plan.items.push_back({SeqId(seq->id), n});
+    plan.items.push_back({SeqId(seq->id), n, n == remaining ? allowed_tokens(*seq) : std::vector<uint32_t>{}});
     chunks[SeqId(seq->id)] = n;
     budget -= n;
     whole_prompt = whole_prompt || !seq->chunkable();
@@ -420,6 +428,17 @@ bool Scheduler::step_once() {
     on_token(seq, sampled);
   }
   return true;
+}
+
+std::vector<uint32_t> Scheduler::allowed_tokens(const Sequence& seq) const {
+  if (!seq.request.constraint) return {};
+  const grammar::TokenMask& mask = *seq.request.constraint->allowed(seq.grammar);
+  // In the worker's vocabulary, which may be shorter than the tokenizer's.
+  const size_t n_vocab = size_t(info_.n_vocab);
+  std::vector<uint32_t> out((n_vocab + 31) / 32, 0);
+  std::copy_n(mask.begin(), std::min(mask.size(), out.size()), out.begin());
+  if (n_vocab % 32 != 0 && !out.empty()) out.back() &= (uint32_t(1) << (n_vocab % 32)) - 1;
+  return out;
 }
 
 int32_t Scheduler::prefill_budget(int decoding) const {

@@ -40,6 +40,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "coordinator/grammar/token_constraint.h"
 #include "common/metrics/registry.h"
 #include "coordinator/scheduler/sequence_stream.h"
 #include "coordinator/scheduler/step_cost.h"
@@ -82,6 +83,9 @@ struct SequenceRequest {
   int top_logprobs = -1;  // -1: none
   std::vector<std::string> stop;
   bool ignore_eos = false;  // end-of-generation tokens do not end it (benchmarks: a fixed output length)
+  // Structured output: every sampled token keeps the text a prefix of this
+  // grammar's language, and it ends only where the grammar may (null: free text).
+  std::shared_ptr<const grammar::TokenConstraint> constraint;
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };
 
@@ -135,6 +139,8 @@ class Scheduler {
   void update_gauges();
   // Prompt tokens this step may carry, given how many sequences decode in it.
   int32_t prefill_budget(int decoding) const;
+  // The worker's mask for the sequence's next token (empty without a constraint).
+  std::vector<uint32_t> allowed_tokens(const Sequence& seq) const;
 
   StepExecutor& worker_;
   const Tokenizer& tokenizer_;

@@ -88,6 +88,7 @@ OpenAiService::OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, m
                              ServiceConfig config)
     : tokenizer_(tokenizer),
       prompts_(tokenizer),
+      constraints_(config.constraints ? config.constraints : std::make_shared<grammar::ConstraintCache>(tokenizer)),
       scheduler_(scheduler),
       metrics_(metrics),
       config_(std::move(config)),
@@ -282,6 +283,7 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
       throw api::invalid_request(e.what(), "n");
     }
     const int32_t n_ctx = scheduler_.worker_info().n_ctx;
+    const auto constraint = response_constraint(*constraints_, r);
     std::vector<SequenceRequest> sequences;
     for (size_t p = 0; p < n_prompts; ++p) {
       std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
@@ -298,7 +300,7 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
       }
       if (!chat) prompt_texts.push_back(r.prompts[p].is_tokens ? tokenizer_.decode(prompt) : r.prompts[p].text);
       const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), n_ctx, config_);
-      for (SequenceRequest& s : make_sequences(r, prompt, max_tokens, config_, sequences.size(), arrival)) {
+      for (SequenceRequest& s : make_sequences(r, prompt, max_tokens, config_, sequences.size(), arrival, constraint)) {
         sequences.push_back(std::move(s));
       }
     }

@@ -56,6 +56,7 @@ class OpenAiService {
 
   const Tokenizer& tokenizer_;
   PromptEncoder prompts_;
+  std::shared_ptr<grammar::ConstraintCache> constraints_;
   Scheduler& scheduler_;
   metrics::Registry& metrics_;
   ServiceConfig config_;

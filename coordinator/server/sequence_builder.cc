@@ -72,9 +72,20 @@ int32_t resolve_max_tokens(const api::GenerationRequest& request, int32_t prompt
   return max_tokens;
 }
 
+std::shared_ptr<const grammar::TokenConstraint> response_constraint(grammar::ConstraintCache& cache,
+                                                                    const api::GenerationRequest& request) {
+  if (!request.response_grammar.schema) return nullptr;
+  try {
+    return cache.get(request.response_grammar);
+  } catch (const Error& e) {
+    throw api::invalid_request(e.what(), "response_format");
+  }
+}
+
 std::vector<SequenceRequest> make_sequences(const api::GenerationRequest& request, const std::vector<int32_t>& prompt,
                                             int32_t max_tokens, const ServiceConfig& config, size_t first_choice,
-                                            std::chrono::steady_clock::time_point arrival) {
+                                            std::chrono::steady_clock::time_point arrival,
+                                            std::shared_ptr<const grammar::TokenConstraint> constraint) {
   std::vector<SequenceRequest> sequences;
   for (int j = 0; j < request.n; ++j) {
     SequenceRequest s;
@@ -95,6 +106,7 @@ std::vector<SequenceRequest> make_sequences(const api::GenerationRequest& reques
     s.stop = request.stop;
     s.ignore_eos = request.ignore_eos;
     s.arrival = arrival;
+    s.constraint = constraint;
     sequences.push_back(std::move(s));
   }
   return sequences;

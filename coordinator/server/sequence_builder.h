@@ -29,10 +29,15 @@ std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const T
 int32_t resolve_max_tokens(const api::GenerationRequest& request, int32_t prompt_len, int32_t n_ctx,
                            const ServiceConfig& config);
 
+// The token constraint of the request's structured output, or null.
+std::shared_ptr<const grammar::TokenConstraint> response_constraint(grammar::ConstraintCache& cache,
+                                                                    const api::GenerationRequest& request);
+
 // request.n sequences of `prompt`. Choice c (first_choice + j) samples with
 // seed + c when the request has a seed, so choices differ and repeat.
 std::vector<SequenceRequest> make_sequences(const api::GenerationRequest& request, const std::vector<int32_t>& prompt,
                                             int32_t max_tokens, const ServiceConfig& config, size_t first_choice,
-                                            std::chrono::steady_clock::time_point arrival);
+                                            std::chrono::steady_clock::time_point arrival,
+                                            std::shared_ptr<const grammar::TokenConstraint> constraint = nullptr);
 
 }  // namespace lazykv

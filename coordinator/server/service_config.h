@@ -14,6 +14,7 @@
 #include "common/policy_config.h"
 #include "coordinator/api/openai_request.h"
 #include "coordinator/chat/reasoning_splitter.h"
+#include "coordinator/grammar/constraint_cache.h"
 
 namespace lazykv {
 
@@ -69,6 +70,9 @@ struct ServiceConfig {
   // ("auto"): <think> blocks when the chat template mentions <think>.
   std::optional<ReasoningFormat> reasoning;
   std::string version;
+  // Structured outputs' compiled constraints, shared by the services of a
+  // server; null: each service keeps its own.
+  std::shared_ptr<grammar::ConstraintCache> constraints;
 
   // True when keys are off or `key` is one of them (compared in constant time).
   bool accepts_key(std::string_view key) const;

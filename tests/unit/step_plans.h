@@ -15,7 +15,7 @@ inline StepPlan plan_starting(SeqId seq, std::vector<int32_t> prompt, PolicyConf
   start.seq = seq;
   start.prompt = std::move(prompt);
   start.policy = std::move(policy);
-  plan.items = {{seq, int32_t(start.prompt.size())}};
+  plan.items = {{seq, int32_t(start.prompt.size()), {}}};
   plan.start = {std::move(start)};
   return plan;
 }

@@ -40,6 +40,7 @@ void to_proto(const SequenceStart& in, pb::SequenceStart* out) {
 void to_proto(const StepItem& in, pb::StepItem* out) {
   out->set_seq(in.seq);
   out->set_prefill_tokens(in.prefill_tokens);
+  out->mutable_allowed()->Add(in.allowed.begin(), in.allowed.end());
 }
 
 void to_proto(const StepPlan& in, pb::StepPlan* out) {
@@ -128,7 +129,9 @@ SequenceStart from_proto(const pb::SequenceStart& in) {
   return out;
 }
 
-StepItem from_proto(const pb::StepItem& in) { return StepItem{in.seq(), in.prefill_tokens()}; }
+StepItem from_proto(const pb::StepItem& in) {
+  return StepItem{in.seq(), in.prefill_tokens(), {in.allowed().begin(), in.allowed().end()}};
+}
 
 StepPlan from_proto(const pb::StepPlan& in) {
   StepPlan out;

@@ -314,6 +314,31 @@ TEST(OpenAiRequest, ToolsToolChoiceAndToolTurns) {
   }
 }
 
+TEST(OpenAiRequest, StructuredOutputsCompileTheirSchema) {
+  EXPECT_EQ(parse(kChat, chat()).response_grammar.schema, nullptr);
+  EXPECT_EQ(parse(kChat, chat(R"("response_format":{"type":"text"})")).response_grammar.schema, nullptr);
+  const GenerationRequest object = parse(kChat, chat(R"("response_format":{"type":"json_object"})"));
+  ASSERT_NE(object.response_grammar.schema, nullptr);
+  EXPECT_EQ(object.response_grammar.key, "json_object");
+  // Property order does not change the key: one compiled constraint serves both.
+  const std::string a = R"({"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"string"}}})";
+  const std::string b = R"({"properties":{"y":{"type":"string"},"x":{"type":"integer"}},"type":"object"})";
+  const auto with_schema = [&](const std::string& schema) {
+    return parse(kChat, chat(R"("response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,)"
+                             R"("schema":)" + schema + "}}"));
+  };
+  const GenerationRequest ra = with_schema(a);
+  ASSERT_NE(ra.response_grammar.schema, nullptr);
+  EXPECT_EQ(ra.response_grammar.key, with_schema(b).response_grammar.key);
+  EXPECT_EQ(ra.response_grammar.schema->nodes[size_t(ra.response_grammar.schema->root)].keys,
+            (std::vector<std::string>{"x", "y"}));
+  EXPECT_NE(parse(kComp, comp(R"("guided_json":{"type":"integer"})")).response_grammar.schema, nullptr);
+  EXPECT_NE(parse(kComp, comp(R"("guided_json":"{\"type\":\"integer\"}")")).response_grammar.schema, nullptr);
+  const GenerationRequest choice = parse(kComp, comp(R"("guided_choice":["yes","no"])"));
+  ASSERT_NE(choice.response_grammar.schema, nullptr);
+  EXPECT_EQ(choice.response_grammar.schema->nodes[0].literals, (std::vector<std::string>{"no", "yes"}));
+}
+
 TEST(OpenAiRequest, NullMeansUnset) {
   const GenerationRequest r = parse(
       kComp, comp(R"("max_tokens":null,"temperature":null,"top_p":null,"seed":null,"n":null,"stream":null,)"
@@ -545,10 +570,28 @@ TEST(OpenAiRequest, EveryRejectionIs400WithParamAndMessage) {
        "tool_choice", "not in 'tools'"},
       {kChat, chat(R"("functions":[{"name":"f"}])"), "functions", "not supported"},
       {kChat, chat(R"("function_call":{"name":"f"})"), "function_call", "not supported"},
-      {kChat, chat(R"("response_format":{"type":"json_object"})"), "response_format", "'json_object'"},
+      // structured outputs
+      {kChat, chat(R"("response_format":{"type":"xml"})"), "response_format", "'xml' is not supported"},
       {kChat, chat(R"("response_format":{"type":"json_schema","json_schema":{}})"), "response_format",
-       "not supported"},
+       "'response_format.json_schema.schema' is required"},
+      {kChat, chat(R"("response_format":{"type":"json_schema"})"), "response_format", "'name' and 'schema'"},
+      {kChat, chat(R"("response_format":{"type":"json_schema","json_schema":{"name":"a","schema":)"
+                   R"({"type":"object","properties":{"a":{"type":"string","format":"email"}}}}})"),
+       "response_format", "JSON schema at #/properties/a: the keyword 'format' is not supported"},
+      {kChat, chat(R"("response_format":{"type":"json_schema","json_schema":{"name":"a","schema":)"
+                   R"({"type":"array","minItems":2,"maxItems":1}}})"),
+       "response_format", "minItems is larger than maxItems"},
       {kChat, chat(R"("response_format":"json")"), "response_format", "'response_format' must be an object"},
+      {kChat, chat(R"("response_format":{"type":"json_object"},"guided_choice":["a"])"), "guided_choice",
+       "only one of"},
+      {kChat, chat(R"("response_format":{"type":"json_object"},"ignore_eos":true)"), "ignore_eos",
+       "'ignore_eos' together with a structured output"},
+      {kChat, chat(R"("response_format":{"type":"json_object"},"min_tokens":3)"), "min_tokens", "structured output"},
+      {kComp, comp(R"("guided_choice":[])"), "guided_choice", "a non-empty array of strings"},
+      {kComp, comp(R"("guided_choice":["a",""])"), "guided_choice", "empty string"},
+      {kComp, comp(R"("guided_json":"{oops")"), "guided_json", "not JSON"},
+      {kComp, comp(R"("guided_json":{"type":"string","pattern":"x"})"), "guided_json", "'pattern'"},
+      {kComp, comp(R"("guided_regex":"a+")"), "guided_regex", "not supported"},
       {kComp, comp(R"("suffix":"tail")"), "suffix", "'suffix'"},
       {kComp, comp(R"("suffix":3)"), "suffix", "'suffix' must be a string"},
       {kChat, chat(R"("modalities":["text","audio"])"), "modalities", "'audio' is not supported"},

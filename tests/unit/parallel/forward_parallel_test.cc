@@ -184,7 +184,7 @@ std::vector<int32_t> worker_tokens(const Model& model, int world, const PolicyCo
       tokens.push_back(result.tokens[0].token);
       evicted_slots += result.evicted_slots;
       plan = StepPlan{};
-      plan.items.push_back({7, 0});
+      plan.items.push_back({7, 0, {}});
     }
     std::lock_guard<std::mutex> lock(mutex);
     per_rank[size_t(group.rank())] = tokens;

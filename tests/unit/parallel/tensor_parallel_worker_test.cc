@@ -163,7 +163,7 @@ TEST(TensorParallelWorker, FormsTheGroupAgainAfterARankRestarted) {
   });
   EXPECT_EQ(formed, 1);
   StepPlan decode;
-  decode.items = {{1, 0}};
+  decode.items = {{1, 0, {}}};
   group.step(decode);
   EXPECT_EQ(formed, 1) << "formed again with no restart";
 
@@ -228,7 +228,7 @@ TEST(TensorParallelWorker, AHeartbeatOlderThanTheGroupIsNotARestart) {
     return std::vector<uint64_t>{10, process1.load()};
   });
   StepPlan decode;
-  decode.items = {{1, 0}};
+  decode.items = {{1, 0, {}}};
   group.step(decode);
 
   process1 = 12;  // rank 1 restarts; its next step fails
@@ -239,7 +239,7 @@ TEST(TensorParallelWorker, AHeartbeatOlderThanTheGroupIsNotARestart) {
   group.step(fresh);  // forms again, with process 12, while the heartbeat still shows 11
   EXPECT_EQ(formed, 2);
   StepPlan continue2;
-  continue2.items = {{2, 0}};
+  continue2.items = {{2, 0, {}}};
   EXPECT_NO_THROW(group.step(continue2));
   heartbeat1 = 12;  // the heartbeat catches up
   EXPECT_NO_THROW(group.step(continue2));

@@ -129,7 +129,7 @@ class GroupRendezvousTest : public ::testing::Test {
       if (r.tokens.size() != 1) break;
       tokens.push_back(r.tokens[0].token);
       plan = StepPlan{};
-      plan.items = {{seq, 0}};
+      plan.items = {{seq, 0, {}}};
     }
     StepPlan release;
     release.release = {seq};

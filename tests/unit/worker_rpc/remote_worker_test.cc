@@ -248,7 +248,7 @@ TEST_F(WorkerRpcTest, ABadPolicyFailsOneSequenceNotTheStep) {
   bad.policy = make_policy_config("lazy", {{"budget", "32"}, {"window", "8"}});
   bad.policy.params["budget"] = -3;  // what make_policy_config would never produce
   plan.start = {good, bad};
-  plan.items = {{1, 3}, {2, 3}};
+  plan.items = {{1, 3, {}}, {2, 3, {}}};
   const StepResult result = remote.step(plan);
   ASSERT_EQ(result.tokens.size(), 1u);
   EXPECT_EQ(result.tokens[0].seq, 1);
@@ -278,7 +278,7 @@ TEST_F(WorkerRpcTest, ANewCoordinatorSessionDropsTheSequencesTheLastOneLeft) {
   EXPECT_EQ(served.worker.n_sequences(), 1u) << "only the new session's sequence is held";
   // The same session keeps its sequences from step to step.
   StepPlan decode;
-  decode.items = {{1, 0}};
+  decode.items = {{1, 0, {}}};
   EXPECT_TRUE(next.step(decode).failed.empty());
   EXPECT_EQ(served.worker.n_sequences(), 1u);
 }
@@ -322,7 +322,7 @@ TEST_F(WorkerRpcTest, AStepPastItsDeadlineThrowsUnavailableAndHeartbeatsGoOn) {
   options.step_timeout = 300ms;
   RemoteWorker remote("127.0.0.1:" + std::to_string(port), options);
   StepPlan plan;
-  plan.items = {{1, 0}};
+  plan.items = {{1, 0, {}}};
   try {
     remote.step(plan);
     ADD_FAILURE() << "a step past its deadline returned";
@@ -398,7 +398,7 @@ TEST_F(WorkerRpcTest, ADeadWorkerFailsFastAndARestartedOneIsUsedAgain) {
   EXPECT_TRUE(wait_until([&] { return !remote.alive(); }, 30s));
   EXPECT_EQ(up.value(), 0);
   StepPlan decode;
-  decode.items = {{1, 0}};
+  decode.items = {{1, 0, {}}};
   try {
     remote.step(decode);
     ADD_FAILURE() << "a step on a dead worker returned";

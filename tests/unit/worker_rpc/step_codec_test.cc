@@ -89,7 +89,7 @@ TEST(StepCodec, StepPlanRoundTrip) {
   plan.start = {sample_start(11), sample_start(12)};
   plan.start[1].top_logprobs = -1;
   plan.start[1].policy = make_policy_config("full");
-  plan.items = {{11, 5}, {12, 0}, {4, 128}};
+  plan.items = {{11, 5, {}}, {12, 0, {0x80000001u, 0u, 0xffffffffu}}, {4, 128, {}}};
   const StepPlan back = round_trip<rpc::pb::StepPlan>(plan);
   EXPECT_EQ(back.release, plan.release);
   ASSERT_EQ(back.start.size(), 2u);
@@ -99,6 +99,7 @@ TEST(StepCodec, StepPlanRoundTrip) {
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(back.items[i].seq, plan.items[i].seq);
     EXPECT_EQ(back.items[i].prefill_tokens, plan.items[i].prefill_tokens);
+    EXPECT_EQ(back.items[i].allowed, plan.items[i].allowed);
   }
 }
 
