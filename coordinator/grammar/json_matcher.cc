@@ -225,9 +225,17 @@ bool JsonMatcher::can_end(const MatchState& state) const {
 int64_t JsonMatcher::plain_string_room(const MatchState& state) const {
   if (state.ends.size() != 1) return -1;
   const Frame& top = state.frames.back();
-  if (top.kind != kString || top.phase != kBody || top.lo != 0) return -1;
+  if (top.phase != kBody || top.lo != 0) return -1;
+  if (top.kind == kKey && (top.flags & kDiverged)) return std::numeric_limits<int64_t>::max();  // another key's text
+  if (top.kind != kString) return -1;
   const SchemaNode& n = schema_.nodes[size_t(top.node)];
   return n.max_length < 0 ? std::numeric_limits<int64_t>::max() : n.max_length - top.count;
+}
+
+MatchState JsonMatcher::after_plain_char(const MatchState& state) const {
+  MatchState next;
+  advance(state, 'a', next);
+  return next;
 }
 
 void JsonMatcher::feed(Stack& st, uint8_t b, MatchState& out) const {

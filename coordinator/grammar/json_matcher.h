@@ -63,10 +63,12 @@ class JsonMatcher {
   // Whether the text so far is a complete value of the schema.
   bool can_end(const MatchState& state) const;
   // The characters the current string may still take, when the state is a
-  // single stack inside a string's plain text (no escape, no partial UTF-8
-  // sequence); -1 otherwise. INT64_MAX: unbounded. Plain bytes then only
+  // single stack inside a string's plain text (a value's, or a key's that is
+  // none of the known keys; no escape, no partial UTF-8 sequence); -1 otherwise. INT64_MAX: unbounded. Plain bytes then only
   // count characters, which lets a mask admit such tokens without a walk.
   int64_t plain_string_room(const MatchState& state) const;
+  // The state after one more plain character, where plain_string_room > 0.
+  MatchState after_plain_char(const MatchState& state) const;
 
   const JsonSchema& schema() const { return schema_; }
 

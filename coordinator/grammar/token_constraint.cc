@@ -1,6 +1,7 @@
 #include "coordinator/grammar/token_constraint.h"
 
 #include <algorithm>
+#include <bitset>
 #include <numeric>
 
 #include "common/error.h"
@@ -9,28 +10,33 @@
 namespace lazykv::grammar {
 namespace {
 
-// Characters of `text` if it is plain string text (whole UTF-8 sequences, no
-// quote, backslash or control byte), else -1.
-int32_t plain_characters(const std::string& text) {
+struct PlainPrefix {
+  size_t bytes = 0;
   int32_t chars = 0;
-  for (size_t i = 0; i < text.size();) {
-    const uint8_t b = uint8_t(text[i]);
+};
+
+// The longest prefix of `text` that is plain string text: whole UTF-8
+// sequences without a quote, backslash or control byte.
+PlainPrefix plain_prefix(const std::string& text) {
+  PlainPrefix p;
+  while (p.bytes < text.size()) {
+    const uint8_t b = uint8_t(text[p.bytes]);
     size_t len = 1;
-    if (b == '"' || b == '\\' || b < 0x20) return -1;
+    if (b == '"' || b == '\\' || b < 0x20) break;
     if (b >= 0x80) {
       if (b >= 0xC2 && b <= 0xDF) len = 2;
       else if (b >= 0xE0 && b <= 0xEF) len = 3;
       else if (b >= 0xF0 && b <= 0xF4) len = 4;
-      else return -1;
-      if (i + len > text.size()) return -1;
-      for (size_t k = 1; k < len; ++k) {
-        if ((uint8_t(text[i + k]) & 0xC0) != 0x80) return -1;
-      }
+      else break;
+      if (p.bytes + len > text.size()) break;
+      bool whole = true;
+      for (size_t k = 1; k < len; ++k) whole = whole && (uint8_t(text[p.bytes + k]) & 0xC0) == 0x80;
+      if (!whole) break;
     }
-    i += len;
-    ++chars;
+    p.bytes += len;
+    ++p.chars;
   }
-  return chars;
+  return p;
 }
 
 void set_bit(TokenMask& mask, int32_t token) { mask[size_t(token) / 32] |= uint32_t(1) << (token % 32); }
@@ -40,12 +46,18 @@ void set_bit(TokenMask& mask, int32_t token) { mask[size_t(token) / 32] |= uint3
 TokenVocabulary::TokenVocabulary(const Tokenizer& tokenizer) : n_vocab_(tokenizer.n_vocab()) {
   bytes_.resize(size_t(n_vocab_));
   plain_chars_.assign(size_t(n_vocab_), kNotText);
+  plain_prefix_bytes_.assign(size_t(n_vocab_), 0);
+  plain_prefix_chars_.assign(size_t(n_vocab_), 0);
   std::vector<int32_t> text_tokens;
   for (int32_t t = 0; t < n_vocab_; ++t) {
     if (tokenizer.is_special(t)) continue;
     bytes_[size_t(t)] = tokenizer.token_bytes(t);
     if (bytes_[size_t(t)].empty()) continue;
-    plain_chars_[size_t(t)] = plain_characters(bytes_[size_t(t)]);
+    const PlainPrefix plain = plain_prefix(bytes_[size_t(t)]);
+    const bool all_plain = plain.bytes == bytes_[size_t(t)].size();
+    plain_chars_[size_t(t)] = all_plain ? plain.chars : kNotPlain;
+    plain_prefix_bytes_[size_t(t)] = uint16_t(std::min<size_t>(plain.bytes, UINT16_MAX));
+    plain_prefix_chars_[size_t(t)] = uint16_t(std::min<int32_t>(plain.chars, UINT16_MAX));
     text_tokens.push_back(t);
     max_token_bytes_ = std::max(max_token_bytes_, bytes_[size_t(t)].size());
   }
@@ -75,6 +87,7 @@ TokenVocabulary::TokenVocabulary(const Tokenizer& tokenizer) : n_vocab_(tokenize
       const int32_t parent = path[d];
       if (last_child[d] < 0) trie_[size_t(parent)].first_child = id;
       else trie_[size_t(last_child[d])].next_sibling = id;
+      ++trie_[size_t(parent)].children;
       last_child[d] = id;
       path.push_back(id);
       last_child.push_back(-1);
@@ -143,8 +156,19 @@ TokenMask TokenConstraint::compute(const MatchState& state) const {
 
 void TokenConstraint::walk(int32_t node, size_t depth, TokenMask& mask) const {
   const auto& trie = vocabulary_->trie_;
+  // Past this many children, 256 single-byte matches cost less than matching every child.
+  constexpr int32_t kFilterChildren = 64;
+  std::bitset<256> takes;
+  takes.set();
+  if (trie[size_t(node)].children > kFilterChildren) {
+    for (int b = 0; b < 256; ++b) {
+      matcher_.advance(path_[depth], uint8_t(b), path_[depth + 1]);
+      takes[size_t(b)] = !path_[depth + 1].empty();
+    }
+  }
   for (int32_t child = trie[size_t(node)].first_child; child >= 0; child = trie[size_t(child)].next_sibling) {
     const TokenVocabulary::TrieNode& c = trie[size_t(child)];
+    if (!takes[c.byte]) continue;
     MatchState& next = path_[depth + 1];
     matcher_.advance(path_[depth], c.byte, next);
     if (next.empty()) continue;
@@ -154,9 +178,10 @@ void TokenConstraint::walk(int32_t node, size_t depth, TokenMask& mask) const {
 }
 
 // Inside plain string text: plain tokens by their character count; the rest
-// byte by byte from the state.
+// from the state after their plain prefix, which only counts characters.
 void TokenConstraint::admit_plain_text(const MatchState& state, int64_t room, TokenMask& mask) const {
   const TokenVocabulary& v = *vocabulary_;
+  std::vector<MatchState> after_prefix;  // by the prefix's characters, as far as room allows
   MatchState scratch;
   for (int32_t t = 0; t < v.n_vocab(); ++t) {
     const int32_t chars = v.plain_chars_[size_t(t)];
@@ -165,8 +190,15 @@ void TokenConstraint::admit_plain_text(const MatchState& state, int64_t room, To
       if (chars <= room) set_bit(mask, t);
       continue;
     }
-    scratch = state;
-    if (matcher_.advance(scratch, v.bytes(t))) set_bit(mask, t);
+    const size_t prefix_chars = v.plain_prefix_chars_[size_t(t)];
+    if (int64_t(prefix_chars) > room) continue;
+    while (after_prefix.size() <= prefix_chars) {
+      after_prefix.push_back(after_prefix.empty() ? state : matcher_.after_plain_char(after_prefix.back()));
+    }
+    scratch = after_prefix[prefix_chars];
+    if (matcher_.advance(scratch, std::string_view(v.bytes(t)).substr(v.plain_prefix_bytes_[size_t(t)]))) {
+      set_bit(mask, t);
+    }
   }
 }
 

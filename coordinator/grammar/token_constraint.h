@@ -8,6 +8,9 @@
 //   tokens sharing a prefix share its matching, and a refused byte prunes
 //   its whole subtree (outside strings almost everything is pruned at the
 //   first byte).
+// - A node with many children (after a space, most of a BPE vocabulary)
+//   first asks the state which of the 256 bytes it takes, and skips the
+//   children the state refuses without matching them.
 // - Inside a string's plain text a token of plain text is admitted by its
 //   character count alone, with no walk; only the tokens holding a quote,
 //   backslash, control byte or partial UTF-8 sequence are matched.
@@ -51,6 +54,7 @@ class TokenVocabulary {
     int32_t first_child = -1;
     int32_t next_sibling = -1;
     int32_t tokens_begin = 0, tokens_end = 0;  // the tokens whose text ends here, in sorted_tokens_
+    int32_t children = 0;
     uint8_t byte = 0;
   };
   int32_t n_vocab_ = 0;
@@ -58,6 +62,8 @@ class TokenVocabulary {
   // Characters of a token of plain string text (valid whole UTF-8, no quote,
   // backslash or control byte); kNotPlain for other text; kNotText.
   std::vector<int32_t> plain_chars_;
+  // Other text: how many leading bytes, and characters, are plain.
+  std::vector<uint16_t> plain_prefix_bytes_, plain_prefix_chars_;
   std::vector<TrieNode> trie_;  // trie_[0]: the root (empty prefix)
   std::vector<int32_t> sorted_tokens_;
   size_t max_token_bytes_ = 0;

@@ -161,6 +161,8 @@ check "Prometheus sees the target up" test "$up" = 1
 # The official OpenAI Python client.
 if [ -x "${LAZYKV_E2E_PYTHON:-}" ]; then
   check "OpenAI Python client" "$LAZYKV_E2E_PYTHON" "$(dirname "$0")/openai_client_test.py" "$url" "$model"
+  check "structured outputs (OpenAI client, jsonschema)" "$LAZYKV_E2E_PYTHON" \
+    "$(dirname "$0")/structured_outputs_client.py" "$url" "$model"
 else
   fail "LAZYKV_E2E_PYTHON is not set (scripts/test.sh sets it to the venv of tests/e2e/requirements.txt)"
 fi

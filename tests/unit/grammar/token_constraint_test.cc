@@ -185,22 +185,29 @@ std::string random_walk(const TokenConstraint& c, std::mt19937& rng, std::string
 TEST(TokenConstraint, MaskMatchesTheMatcherTokenByToken) {
   const Json schema = Json::parse(R"({"type":"object","properties":{"name":{"type":"string","maxLength":5},
       "n":{"type":"integer","minimum":10,"maximum":20},"ok":{"type":"boolean"}},"required":["name"]})");
-  const TokenConstraint c(compile_json_schema(schema), vocabulary(), {end_token()});
-  // States inside structure, a bounded string, a number and after the end.
-  for (const char* prefix : {"", "{", R"({"name":")", R"({"name":"ab)", R"({"name":"abcd)", R"({"n":1)",
-                             R"({"name":"x","ok":)", R"({"name":"x"})"}) {
-    MatchState state = c.start();
-    ASSERT_TRUE(c.matcher().advance(state, prefix)) << prefix;
-    const TokenMask& mask = *c.allowed(state);
-    int32_t admitted = 0;
-    for (int32_t t = 0; t < c.n_vocab(); ++t) {
-      MatchState next = state;
-      const bool expected = t == end_token() ? c.matcher().can_end(state)
-                                             : vocabulary()->is_text(t) && c.matcher().advance(next, vocabulary()->bytes(t));
-      ASSERT_EQ(allows(mask, t), expected) << "prefix " << prefix << " token " << t << " '" << vocabulary()->bytes(t) << "'";
-      admitted += expected;
+  const TokenConstraint typed(compile_json_schema(schema), vocabulary(), {end_token()});
+  const TokenConstraint any(any_json_object(), vocabulary(), {end_token()});
+  // States inside structure, a bounded string, a number, after the end, and
+  // (any object) inside keys nobody named, escapes and nested values.
+  const std::vector<std::pair<const TokenConstraint*, std::vector<const char*>>> cases = {
+      {&typed, {"", "{", R"({"name":")", R"({"name":"ab)", R"({"name":"abcd)", R"({"n":1)", R"({"name":"x","ok":)",
+                R"({"name":"x"})", "{\n  "}},
+      {&any, {"{\"", R"({"ab)", R"({"a\)", R"({"a":[1,)", R"({"a":"x\u00)", "{\"a\": {\"b\": \"\xc3"}}};
+  for (const auto& [c, prefixes] : cases) {
+    for (const char* prefix : prefixes) {
+      MatchState state = c->start();
+      ASSERT_TRUE(c->matcher().advance(state, prefix)) << prefix;
+      const TokenMask& mask = *c->allowed(state);
+      int32_t admitted = 0;
+      for (int32_t t = 0; t < c->n_vocab(); ++t) {
+        MatchState next = state;
+        const bool expected = t == end_token() ? c->matcher().can_end(state)
+                                               : vocabulary()->is_text(t) && c->matcher().advance(next, vocabulary()->bytes(t));
+        ASSERT_EQ(allows(mask, t), expected) << "prefix " << prefix << " token " << t << " '" << vocabulary()->bytes(t) << "'";
+        admitted += expected;
+      }
+      EXPECT_GT(admitted, 0) << prefix;
     }
-    EXPECT_GT(admitted, 0) << prefix;
   }
 }
 
