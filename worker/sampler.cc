@@ -108,6 +108,10 @@ std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<
   for (size_t w = 0; w < allowed.size(); ++w) {
     if (allowed[w] == ~uint32_t(0)) continue;
     const size_t end = std::min(adjusted_.size(), w * 32 + 32);
+    if (allowed[w] == 0) {  // most words, outside strings
+      std::fill(adjusted_.begin() + ptrdiff_t(w * 32), adjusted_.begin() + ptrdiff_t(end), kNegInf);
+      continue;
+    }
     for (size_t t = w * 32; t < end; ++t) {
       if (!(allowed[w] >> (t % 32) & 1)) adjusted_[t] = kNegInf;
     }

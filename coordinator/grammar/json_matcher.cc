@@ -12,10 +12,11 @@ using Kind = SchemaNode::Kind;
 
 enum FrameKind : uint8_t { kDocument, kValue, kObject, kKey, kArray, kString, kNumber, kLiteral };
 
-// Document: kOpen until its value is complete, then kDone.
+// Document: kOpen until its value is complete, then kSuffix while the
+// schema's suffix is being matched (count: bytes of it so far), then kDone.
 // Object: kOpen, kBeforeKey (after ','), kAfterKey, kBeforeValue (after ':'), kAfterValue.
 // Array: kOpen, kBeforeValue (after ','), kAfterValue.
-enum : uint8_t { kOpen, kDone, kBeforeKey, kAfterKey, kBeforeValue, kAfterValue };
+enum : uint8_t { kOpen, kDone, kBeforeKey, kAfterKey, kBeforeValue, kAfterValue, kSuffix };
 // String and key text.
 enum : uint8_t { kBody, kEscape, kHex1, kHex2, kHex3, kHex4 };
 // Number.
@@ -214,7 +215,7 @@ bool JsonMatcher::can_end(const MatchState& state) const {
     const uint32_t n = end - begin;
     begin = end;
     if (n == 1 && st[0].phase == kDone) return true;
-    if (n == 2 && ((st[1].kind == kNumber && number_complete(st[1])) ||
+    if (n == 2 && schema_.suffix.empty() && ((st[1].kind == kNumber && number_complete(st[1])) ||
                    (st[1].kind == kLiteral && literal_complete(st[1])))) {
       return true;
     }
@@ -240,9 +241,13 @@ MatchState JsonMatcher::after_plain_char(const MatchState& state) const {
 
 void JsonMatcher::feed(Stack& st, uint8_t b, MatchState& out) const {
   switch (st.back().kind) {
-    case kDocument:
-      if (st.back().phase == kOpen) push_value(st, st.back().node, b, out);
-      return;
+    case kDocument: {
+      Frame& f = st.back();
+      if (f.phase == kOpen) return push_value(st, f.node, b, out);
+      if (f.phase != kSuffix || uint8_t(schema_.suffix[size_t(f.count)]) != b) return;
+      if (size_t(++f.count) == schema_.suffix.size()) f.phase = kDone;
+      return emit(st, out);
+    }
     case kValue: return feed_value(st, b, out);
     case kObject: return feed_object(st, b, out);
     case kKey: return feed_key(st, b, out);
@@ -254,7 +259,7 @@ void JsonMatcher::feed(Stack& st, uint8_t b, MatchState& out) const {
 }
 
 void JsonMatcher::push_value(Stack& st, int32_t node, uint8_t b, MatchState& out) const {
-  if (st.size() >= size_t(kMaxDepth)) return;
+  if (st.size() + 1 >= size_t(kMaxDepth)) return;  // room for the value and, in an object, a key
   Frame value;
   value.kind = kValue;
   value.node = node;
@@ -304,7 +309,7 @@ void JsonMatcher::complete(Stack& st) const {
   st.pop_back();
   Frame& parent = st.back();
   switch (parent.kind) {
-    case kDocument: parent.phase = kDone; break;
+    case kDocument: parent.phase = schema_.suffix.empty() ? kDone : kSuffix; break;
     case kArray: ++parent.count; [[fallthrough]];
     default: parent.phase = kAfterValue; break;
   }

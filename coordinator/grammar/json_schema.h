@@ -57,6 +57,7 @@ struct SchemaNode {
 struct JsonSchema {
   std::vector<SchemaNode> nodes;
   int32_t root = -1;
+  std::string suffix;  // text that must follow the value (a tool call's closing tag)
 };
 
 // Limits that keep every state of the matcher small (documented in docs/serving.md).

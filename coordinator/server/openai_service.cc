@@ -11,6 +11,7 @@
 #include "common/utf8.h"
 #include "coordinator/api/openai_response.h"
 #include "coordinator/chat/reply_text.h"
+#include "coordinator/server/forced_tool_call.h"
 #include "coordinator/server/sequence_builder.h"
 
 namespace lazykv {
@@ -35,26 +36,6 @@ std::string tool_call_id() {
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(random_u64()));
   return "call_" + std::string(hex);
-}
-
-// The reply's opening that the prompt writes when the request requires a
-// call (of one function, or any): the model then only completes the call.
-// It ends on the key's colon: the space and the brace are one token in
-// these vocabularies, so the model writes them.
-// Its arguments are not yet held to the function's schema.
-std::string forced_tool_call(ToolCallFormat format, const api::ToolChoice& choice) {
-  using Mode = api::ToolChoice::Mode;
-  if (choice.mode != Mode::kRequired && choice.mode != Mode::kFunction) return "";
-  const std::string name = choice.mode == Mode::kFunction ? choice.function + "\", " : "";
-  switch (format) {
-    case ToolCallFormat::kHermes:
-      return "<tool_call>\n{\"name\": \"" + name + (name.empty() ? "" : "\"arguments\":");
-    case ToolCallFormat::kLlama3:
-      return "{\"name\": \"" + name + (name.empty() ? "" : "\"parameters\":");
-    case ToolCallFormat::kNone:
-      break;
-  }
-  return "";
 }
 
 int64_t unix_now() {
@@ -273,7 +254,15 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
                                    "as Qwen2.5 and Hermes, or Llama 3's JSON); send tool_choice \"none\" or no tools",
                                    "tools");
       }
-      forced_call = forced_tool_call(tool_format, r.tool_choice);
+      ForcedToolCall forced = force_tool_call(tool_format, r);
+      forced_call = forced.opening;
+      if (forced.grammar.schema) {
+        if (r.response_grammar.schema) {
+          throw api::invalid_request("'response_format' cannot shape a reply that tool_choice requires to be a call",
+                                     "response_format");
+        }
+        r.response_grammar = std::move(forced.grammar);
+      }
     }
 
     const size_t n_prompts = chat ? 1 : r.prompts.size();

@@ -6,6 +6,7 @@ Exits non-zero on the first failed check.
 import json
 import sys
 
+import jsonschema
 import openai
 
 base_url, model = sys.argv[1], sys.argv[2]
@@ -32,6 +33,24 @@ check(len(calls) == 1 and calls[0].function.name == "get_weather", f"required: o
 arguments = json.loads(calls[0].function.arguments)
 check(isinstance(arguments, dict) and "city" in arguments, f"its arguments are a JSON object: {arguments}")
 check(choice.finish_reason == "tool_calls" and calls[0].id.startswith("call_"), "finish_reason tool_calls, an id")
+
+# A required call's arguments follow the function's schema (enum, integer
+# range, required keys): the grammar holds them to it, at any temperature.
+thermostat = {"type": "object", "properties": {
+    "room": {"enum": ["kitchen", "bedroom", "hall"]},
+    "celsius": {"type": "integer", "minimum": 12, "maximum": 28},
+    "eco": {"type": "boolean"}}, "required": ["room", "celsius"]}
+both = tools + [{"type": "function", "function": {
+    "name": "set_thermostat", "description": "Set a room's thermostat", "parameters": thermostat}}]
+for seed in range(4):
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Make the kitchen warm, about 30 degrees."}], tools=both,
+        tool_choice="required", temperature=1.0, seed=seed, max_tokens=96)
+    calls = reply.choices[0].message.tool_calls or []
+    check(len(calls) == 1, f"seed {seed}: one call ({reply.choices[0].message})")
+    schema = thermostat if calls[0].function.name == "set_thermostat" else tools[0]["function"]["parameters"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), schema)
+    check(True, f"seed {seed}: {calls[0].function.name}({calls[0].function.arguments}) validates against its schema")
 
 # A named function, streamed: the call arrives as delta.tool_calls.
 stream = client.chat.completions.create(

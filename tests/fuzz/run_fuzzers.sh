@@ -22,7 +22,7 @@ mkdir -p "$artifacts"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-targets=(gguf safetensors tokenizer chat_template policy_trace openai_request kvstore_header)
+targets=(gguf safetensors tokenizer chat_template policy_trace openai_request kvstore_header json_schema)
 for format in "${targets[@]}"; do
   if [[ ! -x "$build_dir/tests/fuzz/${format}_fuzz" ]]; then
     echo "missing $build_dir/tests/fuzz/${format}_fuzz (build the ${format}_fuzz target first)" >&2
@@ -32,7 +32,7 @@ done
 
 # Targets that parse JSON get a dictionary of its nesting tokens, so that
 # mutations build deep values in any member (issue 19's crash was one).
-declare -A dictionaries=([openai_request]=json.dict [policy_trace]=json.dict)
+declare -A dictionaries=([openai_request]=json.dict [policy_trace]=json.dict [json_schema]=json_schema.dict)
 # Every target runs on a small stack: recursion that grows with the input
 # (which a 64 KB input cannot push through the usual 8 MB) then crashes here
 # instead of in production on a larger input. The bounded recursion of the

@@ -142,6 +142,17 @@ TEST(JsonMatcher, AnyJsonObjectAndChoices) {
   EXPECT_EQ(verdict(choices, "nope"), "refused");
 }
 
+TEST(JsonMatcher, ASuffixFollowsTheValue) {
+  JsonSchema schema = compile_json_schema(Json::parse(R"({"type":"integer"})"));
+  schema.suffix = "\n</x>";
+  const JsonMatcher m(std::move(schema));
+  EXPECT_EQ(verdict(m, "12"), "prefix");  // a number that may end needs its suffix now
+  EXPECT_EQ(verdict(m, "12\n</x"), "prefix");
+  EXPECT_EQ(verdict(m, "12\n</x>"), "whole");
+  EXPECT_EQ(verdict(m, "12\n</x>\n"), "refused");
+  EXPECT_EQ(verdict(m, "12 \n</x>"), "refused");
+}
+
 TEST(JsonMatcher, NestingIsBounded) {
   const JsonMatcher m(any_json_object());
   std::string deep = "{\"a\":" + std::string(kMaxDepth, '[');
