@@ -92,15 +92,30 @@ Json logprobs_json(Endpoint endpoint, bool has_logprobs, const std::vector<Token
   return endpoint == Endpoint::kChatCompletions ? chat_logprobs(logprobs) : completion_logprobs(logprobs);
 }
 
-// OpenAI's tool_calls entries; streamed ones carry their index.
-Json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+// OpenAI's message.tool_calls entries.
+Json tool_calls_json(const std::vector<ToolCall>& calls) {
   Json out = Json::array();
-  for (size_t k = 0; k < calls.size(); ++k) {
-    Json call = Json::object();
-    if (with_index) call["index"] = k;
-    call["id"] = calls[k].id;
-    call["type"] = "function";
-    call["function"] = Json{{"name", calls[k].name}, {"arguments", utf8::repair(calls[k].arguments)}};
+  for (const ToolCall& c : calls) {
+    out.push_back({{"id", c.id},
+                   {"type", "function"},
+                   {"function", {{"name", c.name}, {"arguments", utf8::repair(c.arguments)}}}});
+  }
+  return out;
+}
+
+// delta.tool_calls entries: the first piece of a call has its id, type and name.
+Json tool_call_pieces_json(const std::vector<ToolCallDelta>& pieces) {
+  Json out = Json::array();
+  for (const ToolCallDelta& p : pieces) {
+    Json call = {{"index", p.index}};
+    Json function = Json::object();
+    if (!p.name.empty()) {
+      call["id"] = p.id;
+      call["type"] = "function";
+      function["name"] = p.name;
+    }
+    function["arguments"] = utf8::repair(p.arguments);
+    call["function"] = std::move(function);
     out.push_back(std::move(call));
   }
   return out;
@@ -154,7 +169,7 @@ std::string completion_body(Endpoint endpoint, const ResponseMeta& meta, const s
       Json message = Json::object();
       message["role"] = "assistant";
       message["content"] = c.tool_calls.empty() || !c.text.empty() ? Json(c.text) : Json(nullptr);
-      if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c.tool_calls, false);
+      if (!c.tool_calls.empty()) message["tool_calls"] = tool_calls_json(c.tool_calls);
       if (c.reasoning) message["reasoning_content"] = c.reasoning->empty() ? Json(nullptr) : Json(*c.reasoning);
       message["refusal"] = nullptr;
       choice["message"] = std::move(message);
@@ -186,7 +201,7 @@ std::string chunk_body(Endpoint endpoint, const ResponseMeta& meta, const ChunkD
       d["content"] = delta.text;
     }
     if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
-    if (!delta.tool_calls.empty()) d["tool_calls"] = tool_calls_json(delta.tool_calls, true);
+    if (!delta.tool_calls.empty()) d["tool_calls"] = tool_call_pieces_json(delta.tool_calls);
     // else: the closing chunk of a choice, an empty delta with the reason.
     choice["delta"] = std::move(d);
   } else {

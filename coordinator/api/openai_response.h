@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "coordinator/api/openai_request.h"
+#include "coordinator/chat/tool_call_stream.h"
 
 namespace lazykv::api {
 
@@ -60,7 +61,7 @@ struct ChunkDelta {
   int index = 0;
   std::string text;
   std::string reasoning;  // chat: delta.reasoning_content when not empty
-  std::vector<ToolCall> tool_calls;  // chat: delta.tool_calls, each whole (index = its place in the choice)
+  std::vector<ToolCallDelta> tool_calls;  // chat: delta.tool_calls, pieces of calls (whole ones are one piece)
   bool first_of_choice = false;
   std::optional<std::string> finish_reason;
   std::vector<TokenLogprob> logprobs;

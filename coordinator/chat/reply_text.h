@@ -10,13 +10,16 @@
 
 #include "coordinator/chat/reasoning_splitter.h"
 #include "coordinator/chat/tool_call_parser.h"
+#include "coordinator/chat/tool_call_stream.h"
 
 namespace lazykv {
 
 struct ReplyPiece {
   std::string reasoning;
   std::string content;
-  std::vector<ToolCall> calls;  // only from finish(); ids left empty
+  std::vector<ToolCallDelta> call_pieces;  // the calls as they stream
+  std::vector<ToolCall> calls;  // only from finish(), every call; ids left empty
+  int calls_streamed = 0;       // finish(): the first this-many calls began in call_pieces
 };
 
 class ReplyText {
@@ -34,6 +37,7 @@ class ReplyText {
   ReasoningSplitter reasoning_;
   ToolCallFormat tool_format_;
   ToolCallHolder tools_;
+  ToolCallStream stream_;
 };
 
 }  // namespace lazykv

@@ -38,6 +38,9 @@ class ToolCallHolder {
   std::string push(std::string_view text);
   // Everything held back, to be parsed once the reply is complete.
   std::string take_held();
+  // Whether a call may have begun, and the text held since.
+  bool holding() const { return holding_; }
+  const std::string& held() const { return held_; }
 
  private:
   ToolCallFormat format_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -49,6 +51,18 @@ void emit(const std::vector<Frame>& st, MatchState& out) {
 
 enum class TextStep { kTaken, kClosed, kRefused };
 
+// The second byte of a sequence, narrower after some leads: no overlong
+// forms (E0, F0), no surrogates (ED), nothing past U+10FFFF (F4).
+bool first_continuation_valid(uint8_t lead, uint8_t b) {
+  switch (lead) {
+    case 0xE0: return b >= 0xA0;
+    case 0xED: return b <= 0x9F;
+    case 0xF0: return b >= 0x90;
+    case 0xF4: return b <= 0x8F;
+    default: return true;
+  }
+}
+
 // One byte of string text (a value's or a key's): escapes, UTF-8 sequences,
 // and a length limit in characters. `room`: characters it may still take.
 // The count stops at `cap`, the largest count the limits tell apart, so that
@@ -59,8 +73,11 @@ TextStep text_byte(Frame& f, uint8_t b, int64_t room, int64_t cap) {
   };
   switch (f.phase) {
     case kBody:
-      if (f.lo > 0) {  // inside a UTF-8 sequence
-        if ((b & 0xC0) != 0x80) return TextStep::kRefused;
+      if (f.lo > 0) {  // inside a UTF-8 sequence; hi: its lead byte until the first continuation
+        if ((b & 0xC0) != 0x80 || (f.hi != 0 && !first_continuation_valid(uint8_t(f.hi), b))) {
+          return TextStep::kRefused;
+        }
+        f.hi = 0;
         --f.lo;
         return TextStep::kTaken;
       }
@@ -73,6 +90,7 @@ TextStep text_byte(Frame& f, uint8_t b, int64_t room, int64_t cap) {
         else if (b >= 0xE0 && b <= 0xEF) f.lo = 2;
         else if (b >= 0xF0 && b <= 0xF4) f.lo = 3;
         else return TextStep::kRefused;  // a continuation byte first, or never valid
+        f.hi = b;
         count_char();
       } else {
         count_char();
@@ -329,7 +347,7 @@ void JsonMatcher::feed_object(Stack& st, uint8_t b, MatchState& out) const {
   switch (f.phase) {
     case kOpen:
     case kBeforeKey:
-      if (b == '"' && key_left) {
+      if (b == '"' && key_left && st.size() + 1 < size_t(kMaxDepth)) {  // room for the key's value
         Frame key;
         key.kind = kKey;
         key.node = f.node;
@@ -405,6 +423,9 @@ void JsonMatcher::feed_key(Stack& st, uint8_t b, MatchState& out) const {
     f.flags |= kDiverged;
     f.lo = f.hi = 0;
   }
+  // An escape could spell a known key another way (\u0061 for a), which
+  // would then escape its schema: other keys are written plainly.
+  if (b == '\\' && f.phase == kBody && f.lo == 0) return;
   switch (text_byte(f, b, std::numeric_limits<int64_t>::max(), 0)) {
     case TextStep::kTaken: return emit(st, out);
     case TextStep::kClosed: {
@@ -469,8 +490,13 @@ void JsonMatcher::feed_string(Stack& st, uint8_t b, MatchState& out) const {
 void JsonMatcher::feed_number(Stack& st, uint8_t b, MatchState& out) const {
   Frame& f = st.back();
   const SchemaNode& n = schema_.nodes[size_t(f.node)];
-  const bool exponent_allowed = !n.integer && !n.minimum && !n.maximum;
-  const int d = b - '0';
+  const bool ranged = n.minimum || n.maximum;
+  const bool exponent_allowed = !n.integer && !ranged;
+  // A digit: its value joins the mantissa (seen), counted in lo.
+  const auto digit = [&] {
+    f.seen = f.seen * 10 + uint64_t(b - '0');
+    ++f.lo;
+  };
   bool taken = true;
   switch (f.phase) {
     case kStart:
@@ -482,13 +508,13 @@ void JsonMatcher::feed_number(Stack& st, uint8_t b, MatchState& out) const {
       [[fallthrough]];
     case kSign:
       if (!is_digit(b)) return;
-      f.phase = d == 0 ? kZero : kInt;
-      f.value = d;
+      f.phase = b == '0' ? kZero : kInt;
+      digit();
       break;
     case kZero:
     case kInt:
       if (f.phase == kInt && is_digit(b)) {
-        f.value = f.value * 10 + d;
+        digit();
       } else if (b == '.' && !n.integer) {
         f.phase = kDot;
       } else if ((b == 'e' || b == 'E') && exponent_allowed) {
@@ -500,8 +526,8 @@ void JsonMatcher::feed_number(Stack& st, uint8_t b, MatchState& out) const {
     case kDot:
     case kFrac:
       if (is_digit(b)) {
+        digit();
         ++f.digits;
-        f.value += d * std::pow(10.0, -f.digits);
         f.phase = kFrac;
       } else if (f.phase == kFrac && (b == 'e' || b == 'E') && exponent_allowed) {
         f.phase = kExp;
@@ -521,7 +547,11 @@ void JsonMatcher::feed_number(Stack& st, uint8_t b, MatchState& out) const {
       break;
   }
   if (taken) {
-    if (++f.count > kMaxNumberBytes || !number_viable(f)) return;
+    ++f.count;
+    const bool whole = f.phase == kZero || f.phase == kInt || f.phase == kFrac || f.phase == kExpDigits;
+    // Past the byte limit, or at it without a whole number ("1." needs a digit more).
+    if (f.count > kMaxNumberBytes || (f.count == kMaxNumberBytes && !whole)) return;
+    if (ranged && (f.lo > kMaxRangedDigits || !number_viable(f))) return;
     return emit(st, out);
   }
   // Not part of the number: it ends here if it is whole, and b goes to the parent.
@@ -530,32 +560,43 @@ void JsonMatcher::feed_number(Stack& st, uint8_t b, MatchState& out) const {
   feed(st, b, out);
 }
 
+namespace {
+
+// mantissa / 10^fraction_digits as the double a JSON parser reads from the
+// same digits (correctly rounded), so that a bound compares as a validator
+// compares it.
+double decimal(uint64_t mantissa, int fraction_digits) {
+  char text[48];
+  std::snprintf(text, sizeof(text), "%llue%d", static_cast<unsigned long long>(mantissa), -fraction_digits);
+  return std::strtod(text, nullptr);
+}
+
+}  // namespace
+
 bool JsonMatcher::number_viable(const Frame& f) const {
   const SchemaNode& n = schema_.nodes[size_t(f.node)];
-  if (!n.minimum && !n.maximum) return true;
   const bool negative = f.flags & kNegative;
-  const int left = kMaxNumberBytes - f.count;  // bytes it may still take
-  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const int bytes = kMaxNumberBytes - f.count, digits = kMaxRangedDigits - f.lo;  // what it may still take
+  // Whether k more integer digits, then a fraction ('.' and a digit), still fit.
+  const auto fraction_fits = [&](int k) { return !n.integer && k + 2 <= bytes && k + 1 <= digits; };
   switch (f.phase) {
-    case kSign: return meets({-kInf, 0, false, true}, n);
-    case kZero: return meets(n.integer || left < 2 ? integers(0, 0, false) : signed_interval(0, 1, negative), n);
+    case kSign: return meets(signed_interval(0, std::pow(10.0, std::min(bytes, digits)), negative), n);
+    case kZero: return meets(fraction_fits(0) ? signed_interval(0, 1, negative) : integers(0, 0, false), n);
     case kInt:
       // k more integer digits reach [v 10^k, (v+1) 10^k): all of it with
       // room for a fraction, its integers without.
-      for (int k = 0; k <= left; ++k) {
-        const double scale = std::pow(10.0, k);
-        const double a = f.value * scale, b = (f.value + 1) * scale;
-        const Interval reach = n.integer || k + 2 > left ? integers(a, b - 1, negative) : signed_interval(a, b, negative);
+      for (int k = 0; k <= std::min(bytes, digits); ++k) {
+        const double a = decimal(f.seen, -k), b = decimal(f.seen + 1, -k);
+        const Interval reach = fraction_fits(k) ? signed_interval(a, b, negative) : integers(a, b - 1, negative);
         if (meets(reach, n)) return true;
       }
       return false;
     case kDot:
     case kFrac: {
       // More fraction digits reach [v, v + 10^-digits); v itself if it stops here.
-      const double step = left > 0 ? std::pow(10.0, -f.digits) : 0;
-      const double v = f.value;
-      if (f.phase == kFrac && meets({negative ? -v : v, negative ? -v : v, true, true}, n)) return true;
-      return step > 0 && meets(signed_interval(v, v + step, negative), n);
+      if (f.phase == kFrac && number_complete(f)) return true;
+      return bytes > 0 && digits > 0 &&
+             meets(signed_interval(decimal(f.seen, f.digits), decimal(f.seen + 1, f.digits), negative), n);
     }
     default: return true;  // exponents only without a range
   }
@@ -565,8 +606,8 @@ bool JsonMatcher::number_complete(const Frame& f) const {
   const SchemaNode& n = schema_.nodes[size_t(f.node)];
   if (f.phase != kZero && f.phase != kInt && f.phase != kFrac && f.phase != kExpDigits) return false;
   if (!n.minimum && !n.maximum) return true;
-  const double v = f.flags & kNegative ? -f.value : f.value;
-  return meets({v, v, true, true}, n);
+  const double v = decimal(f.seen, f.digits);
+  return meets({f.flags & kNegative ? -v : v, f.flags & kNegative ? -v : v, true, true}, n);
 }
 
 bool JsonMatcher::literal_complete(const Frame& f) const {

@@ -24,23 +24,23 @@ namespace lazykv::grammar {
 
 inline constexpr int kMaxGap = 32;
 inline constexpr int kMaxNumberBytes = 24;
+inline constexpr int kMaxRangedDigits = 17;  // digits of a number whose range is checked (its mantissa is exact)
 inline constexpr int kMaxDepth = 32;
 inline constexpr size_t kMaxStacks = 64;  // alternatives kept alive at once (more are dropped, never admitted wrongly)
 
 struct Frame {
-  double value = 0;    // number: the magnitude read so far
-  uint64_t seen = 0;   // object: bit i set once keys[i] was given
+  uint64_t seen = 0;   // object: bit i set once keys[i] was given; number: its digits as an integer
   int32_t node = -1;   // the schema node (key: its object's node)
   int32_t count = 0;   // items / characters / bytes / current property, by kind
-  int32_t lo = 0;      // literal and key: first candidate; string: continuation bytes owed
-  int32_t hi = 0;      // literal and key: one past the last candidate
+  int32_t lo = 0;      // literal and key: first candidate; string: continuation bytes owed; number: digits
+  int32_t hi = 0;      // literal and key: one past the last candidate; string: a sequence's lead byte
   int32_t digits = 0;  // number: fraction digits
   uint8_t kind = 0;
   uint8_t phase = 0;
   uint8_t ws = 0;      // whitespace bytes in the current gap
   uint8_t flags = 0;
 };
-static_assert(sizeof(Frame) == 40, "frames are compared and hashed as bytes: no padding");
+static_assert(sizeof(Frame) == 32, "frames are compared and hashed as bytes: no padding");
 
 struct MatchState {
   std::vector<Frame> frames;    // the stacks, bottom first, back to back

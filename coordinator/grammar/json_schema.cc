@@ -265,6 +265,11 @@ class Compiler {
       node.maximum = hi;
       node.exclusive_maximum = true;
     }
+    // A number has at most kMaxRangedDigits digits where its range is checked (json_matcher.h).
+    constexpr double kFarthest = 1e16;
+    if ((node.minimum && *node.minimum > kFarthest) || (node.maximum && *node.maximum < -kFarthest)) {
+      refuse(where, "a range beyond +-1e16 is not supported");
+    }
     if (node.minimum && node.maximum) {
       const double lo = *node.minimum, hi = *node.maximum;
       const bool empty = integer ? std::floor(hi) - (node.exclusive_maximum && std::floor(hi) == hi) <

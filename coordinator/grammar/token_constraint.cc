@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
 namespace lazykv::grammar {
@@ -15,25 +16,16 @@ struct PlainPrefix {
   int32_t chars = 0;
 };
 
-// The longest prefix of `text` that is plain string text: whole UTF-8
+// The longest prefix of `text` that is plain string text: whole, valid UTF-8
 // sequences without a quote, backslash or control byte.
 PlainPrefix plain_prefix(const std::string& text) {
   PlainPrefix p;
   while (p.bytes < text.size()) {
     const uint8_t b = uint8_t(text[p.bytes]);
-    size_t len = 1;
     if (b == '"' || b == '\\' || b < 0x20) break;
-    if (b >= 0x80) {
-      if (b >= 0xC2 && b <= 0xDF) len = 2;
-      else if (b >= 0xE0 && b <= 0xEF) len = 3;
-      else if (b >= 0xF0 && b <= 0xF4) len = 4;
-      else break;
-      if (p.bytes + len > text.size()) break;
-      bool whole = true;
-      for (size_t k = 1; k < len; ++k) whole = whole && (uint8_t(text[p.bytes + k]) & 0xC0) == 0x80;
-      if (!whole) break;
-    }
-    p.bytes += len;
+    const utf8::Sequence sequence = utf8::next_sequence(std::string_view(text).substr(p.bytes));
+    if (sequence.status != utf8::SequenceStatus::kValid) break;
+    p.bytes += sequence.length;
     ++p.chars;
   }
   return p;

@@ -16,6 +16,22 @@ std::string unconstrained_opening(ToolCallFormat format, const api::ToolChoice& 
   return "{\"name\": \"" + name + (name.empty() ? "" : "\"parameters\":");
 }
 
+// Throws Error(kInvalidArgument) for a $ref that would point elsewhere once
+// the parameters sit inside the call's schema ("#" itself).
+void check_refs(const Json& schema) {
+  if (schema.is_object()) {
+    if (const auto ref = schema.find("$ref"); ref != schema.end() && ref->is_string()) {
+      const std::string target = ref->get<std::string>();
+      if (target.rfind("#/$defs/", 0) != 0 && target.rfind("#/definitions/", 0) != 0) {
+        throw Error(ErrorCode::kInvalidArgument, "a $ref to " + target + " inside a tool's parameters");
+      }
+    }
+  }
+  if (schema.is_structured()) {
+    for (const Json& child : schema) check_refs(child);
+  }
+}
+
 // {"anyOf": [{"name": const, "arguments": parameters}, ...]} over the tools
 // the choice allows; each tool's $defs move to the top, where its $refs
 // point. Throws Error(kInvalidArgument) when two tools' $defs collide.
@@ -29,6 +45,7 @@ Json call_schema(ToolCallFormat format, const api::GenerationRequest& request) {
     if (request.tool_choice.mode == api::ToolChoice::Mode::kFunction && name != request.tool_choice.function) continue;
     Json parameters = function.contains("parameters") ? Json::parse(function.at("parameters").dump())
                                                       : Json{{"type", "object"}};
+    check_refs(parameters);
     for (const char* section : {"$defs", "definitions"}) {
       if (!parameters.is_object() || !parameters.contains(section)) continue;
       for (const auto& [key, def] : parameters[section].items()) {
@@ -69,7 +86,7 @@ ForcedToolCall force_tool_call(ToolCallFormat format, const api::GenerationReque
     out.opening = format == ToolCallFormat::kHermes ? "<tool_call>\n" : "";
     out.grammar = {"tool:" + compiled->suffix + schema.dump(), std::move(compiled)};
     return out;
-  } catch (const Error&) {
+  } catch (const std::exception&) {  // outside the subset, or text nlohmann cannot write
     return {unconstrained_opening(format, request.tool_choice), {}};
   }
 }

@@ -44,6 +44,16 @@ int64_t unix_now() {
 
 std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
 
+// Gives each call that begins in `pieces` its id (kept in `ids`, by call index).
+void name_calls(std::vector<ToolCallDelta>& pieces, std::vector<std::string>& ids) {
+  for (ToolCallDelta& p : pieces) {
+    if (p.name.empty()) continue;
+    if (ids.size() <= size_t(p.index)) ids.resize(size_t(p.index) + 1);
+    ids[size_t(p.index)] = tool_call_id();
+    p.id = ids[size_t(p.index)];
+  }
+}
+
 // The metrics `type` of an error status.
 std::string error_type(int status) {
   switch (status) {
@@ -325,6 +335,7 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
   // Each choice's text splits into reasoning, content and tool calls (a
   // pass-through for completions).
   std::vector<ReplyText> replies;
+  std::vector<std::vector<std::string>> call_ids(handles.size());  // per choice, of the calls streamed so far
   const bool reasoning = chat && reasoning_ != ReasoningFormat::kNone;
   if (reasoning) usage.reasoning_tokens = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -389,11 +400,14 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         }
         choice.text += piece.content;
         if (choice.reasoning) *choice.reasoning += piece.reasoning;
-        if (streaming && (!piece.content.empty() || !piece.reasoning.empty() || r.logprobs)) {
+        name_calls(piece.call_pieces, call_ids[i]);
+        if (streaming && (!piece.content.empty() || !piece.reasoning.empty() || !piece.call_pieces.empty() ||
+                          r.logprobs)) {
           api::ChunkDelta delta;
           delta.index = int(i);
           delta.text = std::move(piece.content);
           delta.reasoning = std::move(piece.reasoning);
+          delta.tool_calls = std::move(piece.call_pieces);
           delta.has_logprobs = r.logprobs;
           if (r.logprobs) delta.logprobs.push_back(lp);
           write(api::chunk_body(endpoint, meta, delta, r.include_usage));
@@ -414,7 +428,17 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         continue;
       }
       ReplyPiece rest = replies[i].finish(e.text);
-      for (ToolCall& call : rest.calls) call.id = tool_call_id();
+      name_calls(rest.call_pieces, call_ids[i]);
+      // Calls that began streaming keep their ids; the others arrive whole in the last piece.
+      for (size_t k = 0; k < rest.calls.size(); ++k) {
+        ToolCall& call = rest.calls[k];
+        if (k < size_t(rest.calls_streamed) && k < call_ids[i].size()) {
+          call.id = call_ids[i][k];
+          continue;
+        }
+        call.id = tool_call_id();
+        rest.call_pieces.push_back({int(k), call.name, call.id, call.arguments});
+      }
       choice.text += rest.content;
       if (choice.reasoning) *choice.reasoning += rest.reasoning;
       choice.tool_calls = rest.calls;
@@ -423,10 +447,10 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
       if (streaming) {
         api::ChunkDelta last;
         last.index = int(i);
-        if (chat && (!rest.content.empty() || !rest.reasoning.empty() || !rest.calls.empty())) {
+        if (chat && (!rest.content.empty() || !rest.reasoning.empty() || !rest.call_pieces.empty())) {
           last.text = std::move(rest.content);
           last.reasoning = std::move(rest.reasoning);
-          last.tool_calls = std::move(rest.calls);
+          last.tool_calls = std::move(rest.call_pieces);
           write(api::chunk_body(endpoint, meta, last, r.include_usage));
           last = api::ChunkDelta{};
           last.index = int(i);

@@ -56,15 +56,19 @@ for seed in range(4):
 stream = client.chat.completions.create(
     model=model, messages=question, tools=tools, temperature=0, max_tokens=64, stream=True,
     tool_choice={"type": "function", "function": {"name": "get_weather"}})
-streamed, finish = {}, None
+streamed, finish, pieces, ids = {}, None, 0, []
 for chunk in stream:
     for c in chunk.choices:
         for call in c.delta.tool_calls or []:
             entry = streamed.setdefault(call.index, {"name": "", "arguments": ""})
             entry["name"] += call.function.name or ""
             entry["arguments"] += call.function.arguments or ""
+            pieces += bool(call.function.arguments)
+            if call.id:
+                ids.append(call.id)
         finish = c.finish_reason or finish
 check(list(streamed) == [0] and streamed[0]["name"] == "get_weather", f"streamed call: {streamed}")
+check(pieces > 1 and len(ids) == 1, f"the arguments streamed in {pieces} pieces, the id once ({ids})")
 check(json.loads(streamed[0]["arguments"]) == arguments, "streamed arguments equal the whole reply's")
 check(finish == "tool_calls", "streamed finish_reason tool_calls")
 

@@ -119,13 +119,17 @@ TEST(OpenAiResponse, ToolCallsWholeAndStreamed) {
   c.text = "Checking.";
   EXPECT_EQ(Json::parse(completion_body(kChat, kMeta, {c}, {3, 9, {}}))["choices"][0]["message"]["content"],
             "Checking.");
+  // Streamed: a call's first piece has its id, type and name; later pieces only arguments.
   ChunkDelta d;
-  d.tool_calls = c.tool_calls;
-  const Json delta = Json::parse(chunk_body(kChat, kMeta, d, false))["choices"][0]["delta"];
+  d.tool_calls = {{0, "get_weather", "call_1", R"({"ci)"}, {1, "get_time", "call_2", "{}"}};
+  Json delta = Json::parse(chunk_body(kChat, kMeta, d, false))["choices"][0]["delta"];
   EXPECT_FALSE(delta.contains("content"));
   ASSERT_EQ(delta["tool_calls"].size(), 2u);
-  EXPECT_EQ(delta["tool_calls"][1]["index"], 1);
-  EXPECT_EQ(delta["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(delta["tool_calls"][1], (Json{{"index", 1}, {"id", "call_2"}, {"type", "function"},
+                                          {"function", {{"name", "get_time"}, {"arguments", "{}"}}}}));
+  d.tool_calls = {{0, "", "", R"(ty":"Paris"})"}};
+  delta = Json::parse(chunk_body(kChat, kMeta, d, false))["choices"][0]["delta"];
+  EXPECT_EQ(delta["tool_calls"][0], (Json{{"index", 0}, {"function", {{"arguments", R"(ty":"Paris"})"}}}}));
 }
 
 TEST(OpenAiResponse, CompletionLogprobsWithASplitCharacter) {

@@ -49,9 +49,12 @@ TEST(JsonMatcher, ObjectWithRequiredAndOptionalKeys) {
 TEST(JsonMatcher, AdditionalPropertiesTakeOtherKeysNotTheKnownOnes) {
   const JsonMatcher m = matcher(R"({"type":"object","properties":{"id":{"type":"integer"}},
                                    "additionalProperties":{"type":"boolean"}})");
-  EXPECT_EQ(verdict(m, R"({"id":1,"idx":true,"i":false,"x\n":true})"), "whole");
+  EXPECT_EQ(verdict(m, R"({"id":1,"idx":true,"i":false,"x)" "\xc3\xa9" R"(":true})"), "whole");
   EXPECT_EQ(verdict(m, R"({"id":true})"), "refused");  // a known key keeps its schema
   EXPECT_EQ(verdict(m, R"({"idx":1})"), "refused");
+  // Other keys are written without escapes, which could spell a known key.
+  EXPECT_EQ(verdict(m, R"({"\u0069d":true})"), "refused");
+  EXPECT_EQ(verdict(m, R"({"x\n":true})"), "refused");
   EXPECT_EQ(verdict(matcher(R"({"type":"object","additionalProperties":true})"), R"({"a":[1,{"b":null}]})"), "whole");
 }
 
@@ -74,6 +77,9 @@ TEST(JsonMatcher, StringLengthInCharacters) {
   EXPECT_EQ(verdict(m, R"("\ud83d\ude00")"), "refused");  // surrogate escapes
   EXPECT_EQ(verdict(m, "\"a\nb\""), "refused");             // a raw control byte
   EXPECT_EQ(verdict(m, "\"a\xe2\x82\""), "refused");        // a broken UTF-8 sequence
+  EXPECT_EQ(verdict(m, "\"\xe0\x80\x80\""), "refused");      // overlong
+  EXPECT_EQ(verdict(m, "\"\xed\xa0\x80\""), "refused");      // a surrogate
+  EXPECT_EQ(verdict(m, "\"\xf4\x90\x80\x80\""), "refused");  // past U+10FFFF
   EXPECT_EQ(verdict(m, R"("a\x")"), "refused");
 }
 
@@ -97,6 +103,14 @@ TEST(JsonMatcher, NumberRanges) {
   EXPECT_EQ(verdict(real, "1e0"), "refused");  // no exponent where a range is checked
   EXPECT_EQ(verdict(matcher(R"({"type":"number"})"), "-12.5e+3"), "whole");
   EXPECT_EQ(verdict(matcher(R"({"type":"number"})"), "1234567890123456789012345"), "refused");  // over the byte limit
+  EXPECT_EQ(verdict(matcher(R"({"type":"number"})"), std::string(23, '1') + "."), "refused");  // no room for a digit
+  // Bounds compare as a validator reads the digits: as the nearest double.
+  EXPECT_EQ(verdict(matcher(R"({"type":"number","maximum":0.3})"), "0.3"), "whole");
+  EXPECT_EQ(verdict(matcher(R"({"type":"number","maximum":5.347})"), "5.347000000000001"), "refused");
+  const JsonMatcher point = matcher(R"({"type":"number","minimum":0.3,"maximum":0.3})");
+  EXPECT_EQ(verdict(point, "0.3"), "whole");
+  EXPECT_EQ(verdict(point, "0.2"), "refused");
+  EXPECT_EQ(verdict(point, "0.30"), "whole");
 }
 
 TEST(JsonMatcher, EnumConstAndAnyOf) {
@@ -157,6 +171,10 @@ TEST(JsonMatcher, NestingIsBounded) {
   const JsonMatcher m(any_json_object());
   std::string deep = "{\"a\":" + std::string(kMaxDepth, '[');
   EXPECT_EQ(verdict(m, deep), "refused");
+  // At the deepest level an object takes no key: there would be no room for its value.
+  const JsonMatcher any(compile_json_schema(Json::parse("true")));
+  EXPECT_EQ(verdict(any, std::string(29, '[') + "{\""), "refused");
+  EXPECT_EQ(verdict(any, std::string(29, '[') + "{}" + std::string(29, ']')), "whole");
 }
 
 TEST(JsonSchemaCompiler, RefusesWhatItCannotEnforceByName) {
@@ -172,6 +190,7 @@ TEST(JsonSchemaCompiler, RefusesWhatItCannotEnforceByName) {
   EXPECT_NE(compile_error(R"({"type":"string","enum":[1]})").find("type"), std::string::npos);
   EXPECT_NE(compile_error("false").find("admits no value"), std::string::npos);
   EXPECT_NE(compile_error(R"({"$ref":"#"})").find("$ref"), std::string::npos);
+  EXPECT_NE(compile_error(R"({"type":"integer","minimum":1e30})").find("1e16"), std::string::npos);
   EXPECT_EQ(compile_error(R"({"title":"T","description":"d","type":"object","properties":{}})"), "");
 }
 

@@ -56,6 +56,11 @@ TEST(ForcedToolCall, OutsideTheSubsetTheOpeningAloneForcesTheCall) {
   EXPECT_EQ(force_tool_call(ToolCallFormat::kHermes, chat_with_tools(tools, R"("required")")).opening,
             "<tool_call>\n{\"name\": \"");
   EXPECT_EQ(force_tool_call(ToolCallFormat::kHermes, chat_with_tools(tools, R"("auto")")).opening, "");
+  // "#" would point at the call's schema once the parameters sit inside it.
+  const std::string recursive = R"([{"type":"function","function":{"name":"tree","parameters":{"type":"object",)"
+                                R"("properties":{"child":{"$ref":"#"}}}}}])";
+  EXPECT_EQ(force_tool_call(ToolCallFormat::kHermes, chat_with_tools(recursive, R"("required")")).grammar.schema,
+            nullptr);
 }
 
 }  // namespace
