@@ -203,6 +203,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     result.batch_tokens += int32_t(items[i].tokens.size());
     SampledToken out;
     out.seq = item_seq[i];
+    out.evicted_slots = s.policy->evicted_slots() - s.evicted_seen;  // evicted_seen moves on below
     if (samples[i]) {
       // Embedding rows past the tokenizer's vocabulary (padding) are never sampled.
       const std::span<const float> row = logits.subspan(i * model_vocab, size_t(options_.n_vocab));

@@ -49,6 +49,7 @@ struct SampledToken {
   int32_t token = -1;  // -1: a prefill chunk that did not finish the prompt
   float logprob = 0;   // log-probability of `token` under the model (before temperature)
   std::vector<std::pair<int32_t, float>> top;  // the most likely tokens and their log-probabilities
+  int64_t evicted_slots = 0;  // slots this sequence's policy evicted during the step (part of StepResult's)
 };
 
 struct StepResult {

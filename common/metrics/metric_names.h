@@ -39,6 +39,7 @@ inline constexpr std::string_view kTierLabel[] = {"tier"};
 inline constexpr std::string_view kTransferLabels[] = {"src_tier", "dst_tier"};
 inline constexpr std::string_view kWorkerLabel[] = {"worker"};
 inline constexpr std::string_view kTypeLabel[] = {"type"};
+inline constexpr std::string_view kPhaseLabel[] = {"phase"};
 inline constexpr std::string_view kRequestLabels[] = {"endpoint", "code"};
 inline constexpr std::string_view kBuildLabels[] = {"version", "model"};
 inline constexpr std::string_view kTransportLabel[] = {"transport"};
@@ -97,6 +98,10 @@ inline constexpr MetricDef kKvCapacityBytes{
 inline constexpr MetricDef kEvictions{
     "lazykv_evictions_total", MetricType::kCounter, "Token slots evicted from the device KV cache by the policy.",
     no_labels(), no_buckets()};
+inline constexpr MetricDef kEvictionsByPhase{
+    "lazykv_evictions_by_phase_total", MetricType::kCounter,
+    "Token slots evicted, by the phase of the chat reply whose policy evicted them (thinking, answer).",
+    kPhaseLabel, no_buckets()};
 inline constexpr MetricDef kDemotions{
     "lazykv_demotions_total", MetricType::kCounter, "Evicted token slots demoted to a lower tier.", no_labels(),
     no_buckets()};
@@ -152,10 +157,11 @@ inline constexpr MetricDef kBuildInfo{
     kBuildLabels, no_buckets()};
 
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 32> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 33> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
     &kRequests,         &kPromptTokens,      &kGenerationTokens, &kReasoningTokens, &kPreemptions,    &kErrors,
-    &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,      &kDemotions,
+    &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,
+    &kEvictionsByPhase, &kDemotions,
     &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kKvstoreBlocks,
     &kKvstoreLeases,    &kKvstorePoolFragmentation, &kKvstoreRequests, &kKvstoreNvmeAdmissions, &kTransportInfo,
     &kStepDuration,

@@ -272,6 +272,7 @@ void Scheduler::on_token(Sequence& seq, const SampledToken& sampled) {
   event.token.id = sampled.token;
   event.token.bytes = tokenizer_.token_bytes(sampled.token);
   event.token.logprob = sampled.logprob;
+  event.token.evicted_slots = sampled.evicted_slots;
   for (const auto& [id, lp] : sampled.top) event.token.top.emplace_back(tokenizer_.token_bytes(id), lp);
   seq.stream->push(std::move(event));
   if (ends || seq.stop.stopped()) {

@@ -19,6 +19,7 @@ struct TokenInfo {
   std::string bytes;  // the token's raw bytes
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;  // alternatives' bytes and log-probabilities
+  int64_t evicted_slots = 0;  // slots the sequence's policy evicted in the step that sampled it
 };
 
 struct SequenceEvent {

@@ -394,9 +394,14 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
         if (r.logprobs) choice.logprobs.push_back(lp);
         const bool was_thinking = replies[i].thinking();
         ReplyPiece piece = replies[i].push(e.text);
-        if (reasoning && (was_thinking || replies[i].thinking())) {
+        const bool thinking = reasoning && (was_thinking || replies[i].thinking());
+        if (thinking) {
           ++*usage.reasoning_tokens;
           metrics_.counter(metrics::kReasoningTokens).inc();
+        }
+        if (e.token.evicted_slots > 0) {
+          metrics_.counter(metrics::kEvictionsByPhase, {thinking ? "thinking" : "answer"})
+              .inc(double(e.token.evicted_slots));
         }
         choice.text += piece.content;
         if (choice.reasoning) *choice.reasoning += piece.reasoning;

@@ -139,6 +139,7 @@ StepResult TensorParallelWorker::step(const StepPlan& plan) {
   // Cache statistics are the group's: every rank holds its own heads' slots.
   for (size_t r = 1; r < ranks_.size(); ++r) {
     result.evicted_slots += results[r].evicted_slots;
+    for (size_t t = 0; t < result.tokens.size(); ++t) result.tokens[t].evicted_slots += results[r].tokens[t].evicted_slots;
     result.demoted_slots += results[r].demoted_slots;
     result.promoted_slots += results[r].promoted_slots;
     result.promotion_hits += results[r].promotion_hits;

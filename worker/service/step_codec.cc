@@ -58,6 +58,7 @@ void to_proto(const SampledToken& in, pb::SampledToken* out) {
     t->set_token(token);
     t->set_logprob(logprob);
   }
+  out->set_evicted_slots(in.evicted_slots);
 }
 
 void to_proto(const StepResult& in, pb::StepResult* out) {
@@ -150,6 +151,7 @@ SampledToken from_proto(const pb::SampledToken& in) {
   out.logprob = in.logprob();
   out.top.reserve(size_t(in.top_size()));
   for (const pb::TokenLogprob& t : in.top()) out.top.emplace_back(t.token(), t.logprob());
+  out.evicted_slots = in.evicted_slots();
   return out;
 }
 

@@ -53,6 +53,7 @@ void populate(Registry& registry) {
       {"endpoint", {{"/v1/chat/completions", "200"}, {"/v1/completions", "400"}}},
       {"version", {{"0.1.0", "SmolLM2-135M-Instruct"}}},
       {"transport", {{"tcp"}, {"shm"}}},
+      {"phase", {{"thinking"}, {"answer"}}},
   };
   for (const MetricDef* def : kAllMetrics) {
     std::vector<LabelValues> series = {{}};

@@ -408,6 +408,17 @@ TEST_F(OpenAiServiceTest, AReplyInsideAThinkingBlockIsReasoningContent) {
   }
   EXPECT_EQ(reasoning, text);
   EXPECT_EQ(content, "");
+
+  // Evictions while thinking count as the thinking phase's.
+  const double evicted = registry_.counter(metrics::kEvictions).value();
+  const double thinking_evicted = registry_.counter(metrics::kEvictionsByPhase, {"thinking"}).value();
+  RecordingWriter evicting = serve(std::nullopt, R"({"model": "tiny", "max_tokens": 24, "temperature": 0, )"
+                                                 R"("messages": [{"role": "user", "content": "2+2?"}], )"
+                                                 R"("kv_policy": {"name": "streaming", "budget": 12, "sinks": 2}})");
+  ASSERT_EQ(evicting.status, 200) << evicting.body;
+  const double by_phase = registry_.counter(metrics::kEvictionsByPhase, {"thinking"}).value() - thinking_evicted;
+  EXPECT_GT(by_phase, 0);
+  EXPECT_EQ(by_phase, registry_.counter(metrics::kEvictions).value() - evicted);
 }
 
 TEST_F(OpenAiServiceTest, ToolsNeedATemplateThatTeachesACallFormat) {

@@ -36,6 +36,7 @@ struct Outcome {
   std::string finish;
   std::string error;
   bool unavailable = false;
+  int64_t evicted = 0;  // slots its policy evicted, as its tokens report them
 };
 
 // Every event of the handles' stream to the end, with a generous deadline so a
@@ -56,6 +57,7 @@ std::vector<Outcome> collect(const std::vector<SequenceHandle>& handles,
         o.tokens.push_back(e.token.id);
         o.logprobs.push_back(e.token.logprob);
         o.top.push_back(e.token.top);
+        o.evicted += e.token.evicted_slots;
       } else {
         o.finish = e.finish_reason;
         o.error = e.error;
@@ -166,6 +168,7 @@ class WorkerRpcTest : public ::testing::Test {
       EXPECT_EQ(remote[i].text, local[i].text) << "sequence " << i;
       EXPECT_EQ(remote[i].finish, local[i].finish) << "sequence " << i;
       EXPECT_EQ(remote[i].error, local[i].error) << "sequence " << i;
+      EXPECT_EQ(remote[i].evicted, local[i].evicted) << "sequence " << i;
     }
   }
 
@@ -213,6 +216,11 @@ TEST_F(WorkerRpcTest, SchedulerOverRemoteWorkerGivesTheSameTokensAsInProcess) {
   expect_same(over_rpc, local);
   EXPECT_GT(local_counters.first, 0) << "the evicting policies evicted nothing";
   EXPECT_EQ(remote_counters.first, local_counters.first);
+  // Each sequence's tokens carry its own evictions: together, the step totals.
+  int64_t per_sequence = 0;
+  for (const Outcome& o : local) per_sequence += o.evicted;
+  EXPECT_EQ(double(per_sequence), local_counters.first);
+  EXPECT_EQ(local[0].evicted, 0) << "the full policy evicts nothing";
   EXPECT_GT(served.service.steps(), 0);
   // Every finished sequence was released on the worker.
   EXPECT_TRUE(wait_until([&] { return served.worker.n_sequences() == 0; }, 10s));

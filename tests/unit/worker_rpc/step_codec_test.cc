@@ -111,6 +111,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   a.token = 42;
   a.logprob = -0.3125f;
   a.top = {{42, -0.3125f}, {7, -1.5f}, {0, -20.25f}};
+  a.evicted_slots = int64_t(1) << 36;
   SampledToken b;  // a prefill chunk: no token
   b.seq = 6;
   result.tokens = {a, b};
@@ -131,6 +132,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   EXPECT_EQ(back.tokens[0].token, 42);
   EXPECT_EQ(back.tokens[0].logprob, -0.3125f);
   EXPECT_EQ(back.tokens[0].top, a.top);
+  EXPECT_EQ(back.tokens[0].evicted_slots, a.evicted_slots);
   EXPECT_EQ(back.tokens[1].seq, 6);
   EXPECT_EQ(back.tokens[1].token, -1);
   EXPECT_TRUE(back.tokens[1].top.empty());
