@@ -234,6 +234,88 @@ void OpenAiService::detokenize(const http::Request& request, http::ResponseWrite
   out.send(200, "application/json", api::detokenize_body(utf8::repair(tokenizer_.decode(r.tokens))));
 }
 
+std::optional<OpenAiService::Admitted> OpenAiService::admit(api::Endpoint endpoint, const http::Request& request,
+                                                           Clock::time_point arrival, http::ResponseWriter& out) {
+  const std::string ep = endpoint_name(endpoint);
+  const bool chat = endpoint == api::Endpoint::kChatCompletions;
+  Admitted a;
+  try {
+    const std::string key = authenticate(request);
+    if (config_.key_limiter) a.slot = config_.key_limiter->acquire(key);
+    a.request = api::parse_generation_request(endpoint, request.body, config_.limits);
+    log_ignored_fields(a.request.ignored_fields);
+    config_.check_model(a.request.model);
+    apply_tool_choice(a);
+    std::vector<SequenceRequest> sequences = build_sequences(a, arrival);
+    try {
+      a.handles = scheduler_.submit(std::move(sequences));
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kUnavailable) {
+        send_error(out, api::ApiError(503, "server_error", e.what(), "", "overloaded"), ep, {{"Retry-After", "1"}});
+        return std::nullopt;
+      }
+      throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
+    }
+  } catch (const api::ApiError& e) {
+    send_error(out, e, ep);
+    return std::nullopt;
+  }
+  return a;
+}
+
+void OpenAiService::apply_tool_choice(Admitted& a) const {
+  api::GenerationRequest& r = a.request;
+  if (r.tool_choice.mode == api::ToolChoice::Mode::kNone) return;
+  a.tool_format = tool_call_format_of_template(tokenizer_.spec().chat_template);
+  if (a.tool_format == ToolCallFormat::kNone) {
+    throw api::invalid_request("This model's chat template teaches no tool-call format lazykv reads (<tool_call> "
+                               "as Qwen2.5 and Hermes, or Llama 3's JSON); send tool_choice \"none\" or no tools",
+                               "tools");
+  }
+  ForcedToolCall forced = force_tool_call(a.tool_format, r);
+  a.forced_call = forced.opening;
+  if (!forced.grammar.schema) return;
+  if (r.response_grammar.schema) {
+    throw api::invalid_request("'response_format' cannot shape a reply that tool_choice requires to be a call",
+                               "response_format");
+  }
+  r.response_grammar = std::move(forced.grammar);
+}
+
+std::vector<SequenceRequest> OpenAiService::build_sequences(Admitted& a, Clock::time_point arrival) const {
+  const api::GenerationRequest& r = a.request;
+  const bool chat = r.endpoint == api::Endpoint::kChatCompletions;
+  const size_t n_prompts = chat ? 1 : r.prompts.size();
+  try {
+    scheduler_.check_fits_queue(n_prompts * size_t(r.n));  // before n copies of each prompt are built
+  } catch (const Error& e) {
+    throw api::invalid_request(e.what(), "n");
+  }
+  const int32_t n_ctx = scheduler_.worker_info().n_ctx;
+  const auto constraint = response_constraint(*constraints_, r);
+  std::vector<SequenceRequest> sequences;
+  for (size_t p = 0; p < n_prompts; ++p) {
+    std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
+    if (chat && reasoning_ != ReasoningFormat::kNone) {
+      const size_t tail = std::min<size_t>(prompt.size(), 8);
+      a.prompt_opens_block = prompt_opens_thinking(tokenizer_.decode(std::span(prompt).last(tail)));
+    }
+    if (!a.forced_call.empty()) {
+      // A forced call is the answer: a thinking block the template opened closes first.
+      const std::string opening = (a.prompt_opens_block ? "</think>\n\n" : "") + a.forced_call;
+      const std::vector<int32_t> ids = tokenizer_.encode(opening, false);
+      prompt.insert(prompt.end(), ids.begin(), ids.end());
+      a.prompt_opens_block = false;
+    }
+    if (!chat) a.prompt_texts.push_back(r.prompts[p].is_tokens ? tokenizer_.decode(prompt) : r.prompts[p].text);
+    const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), n_ctx, config_);
+    for (SequenceRequest& s : make_sequences(r, prompt, max_tokens, config_, sequences.size(), arrival, constraint)) {
+      sequences.push_back(std::move(s));
+    }
+  }
+  return sequences;
+}
+
 void OpenAiService::generate(api::Endpoint endpoint, const http::Request& request, http::ResponseWriter& out) {
   const auto arrival = Clock::now();
   const std::string ep = endpoint_name(endpoint);
@@ -244,78 +326,14 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
     ~InFlight() { --n; }
   } in_flight{in_flight_};
 
-  api::GenerationRequest r;
-  std::vector<std::string> prompt_texts;  // for echo
-  std::vector<SequenceHandle> handles;
-  KeyLimiter::Slot slot;
-  bool prompt_opens_block = false;  // chat: the template opened the thinking block
-  ToolCallFormat tool_format = ToolCallFormat::kNone;  // chat with tools offered: how calls are read back
-  std::string forced_call;  // tool_choice required or a function: the reply's opening, written by the prompt
-  try {
-    const std::string key = authenticate(request);
-    if (config_.key_limiter) slot = config_.key_limiter->acquire(key);
-    r = api::parse_generation_request(endpoint, request.body, config_.limits);
-    log_ignored_fields(r.ignored_fields);
-    config_.check_model(r.model);
-    if (r.tool_choice.mode != api::ToolChoice::Mode::kNone) {
-      tool_format = tool_call_format_of_template(tokenizer_.spec().chat_template);
-      if (tool_format == ToolCallFormat::kNone) {
-        throw api::invalid_request("This model's chat template teaches no tool-call format lazykv reads (<tool_call> "
-                                   "as Qwen2.5 and Hermes, or Llama 3's JSON); send tool_choice \"none\" or no tools",
-                                   "tools");
-      }
-      ForcedToolCall forced = force_tool_call(tool_format, r);
-      forced_call = forced.opening;
-      if (forced.grammar.schema) {
-        if (r.response_grammar.schema) {
-          throw api::invalid_request("'response_format' cannot shape a reply that tool_choice requires to be a call",
-                                     "response_format");
-        }
-        r.response_grammar = std::move(forced.grammar);
-      }
-    }
-
-    const size_t n_prompts = chat ? 1 : r.prompts.size();
-    try {
-      scheduler_.check_fits_queue(n_prompts * size_t(r.n));  // before n copies of each prompt are built
-    } catch (const Error& e) {
-      throw api::invalid_request(e.what(), "n");
-    }
-    const int32_t n_ctx = scheduler_.worker_info().n_ctx;
-    const auto constraint = response_constraint(*constraints_, r);
-    std::vector<SequenceRequest> sequences;
-    for (size_t p = 0; p < n_prompts; ++p) {
-      std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, p);
-      if (chat && reasoning_ != ReasoningFormat::kNone) {
-        const size_t tail = std::min<size_t>(prompt.size(), 8);
-        prompt_opens_block = prompt_opens_thinking(tokenizer_.decode(std::span(prompt).last(tail)));
-      }
-      if (!forced_call.empty()) {
-        // A forced call is the answer: a thinking block the template opened closes first.
-        const std::string opening = (prompt_opens_block ? "</think>\n\n" : "") + forced_call;
-        const std::vector<int32_t> ids = tokenizer_.encode(opening, false);
-        prompt.insert(prompt.end(), ids.begin(), ids.end());
-        prompt_opens_block = false;
-      }
-      if (!chat) prompt_texts.push_back(r.prompts[p].is_tokens ? tokenizer_.decode(prompt) : r.prompts[p].text);
-      const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), n_ctx, config_);
-      for (SequenceRequest& s : make_sequences(r, prompt, max_tokens, config_, sequences.size(), arrival, constraint)) {
-        sequences.push_back(std::move(s));
-      }
-    }
-    try {
-      handles = scheduler_.submit(std::move(sequences));
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::kUnavailable) {
-        send_error(out, api::ApiError(503, "server_error", e.what(), "", "overloaded"), ep, {{"Retry-After", "1"}});
-        return;
-      }
-      throw api::invalid_request(e.what(), chat ? "messages" : "prompt");
-    }
-  } catch (const api::ApiError& e) {
-    send_error(out, e, ep);
-    return;
-  }
+  std::optional<Admitted> admitted = admit(endpoint, request, arrival, out);
+  if (!admitted) return;
+  const api::GenerationRequest& r = admitted->request;
+  const std::vector<SequenceHandle>& handles = admitted->handles;
+  const std::vector<std::string>& prompt_texts = admitted->prompt_texts;
+  const bool prompt_opens_block = admitted->prompt_opens_block;
+  const ToolCallFormat tool_format = admitted->tool_format;
+  const std::string& forced_call = admitted->forced_call;
 
   // Answer from the sequences' events.
   std::map<uint64_t, size_t> index_of;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "common/metrics/registry.h"
 #include "coordinator/api/openai_request.h"
 #include "coordinator/api/openai_response.h"
+#include "coordinator/chat/tool_call_parser.h"
 #include "coordinator/http/http_server.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/server/prompt_encoder.h"
@@ -43,7 +45,24 @@ class OpenAiService {
   int in_flight() const { return in_flight_.load(); }
 
  private:
+  // A generation request parsed, checked and queued: what its answer needs.
+  struct Admitted {
+    api::GenerationRequest request;
+    std::vector<SequenceHandle> handles;
+    KeyLimiter::Slot slot;
+    std::vector<std::string> prompt_texts;  // completions: for echo
+    bool prompt_opens_block = false;        // chat: the template opened the thinking block
+    ToolCallFormat tool_format = ToolCallFormat::kNone;  // chat with tools offered: how calls are read back
+    std::string forced_call;  // tool_choice required or a function: the reply's opening, written by the prompt
+  };
   void generate(api::Endpoint endpoint, const http::Request& request, http::ResponseWriter& out);
+  // Parses, checks and submits; answers the error itself and returns nullopt.
+  std::optional<Admitted> admit(api::Endpoint endpoint, const http::Request& request, std::chrono::steady_clock::time_point arrival,
+                                http::ResponseWriter& out);
+  // tool_choice: the call format, and for a required call its opening and grammar.
+  void apply_tool_choice(Admitted& a) const;
+  // One sequence per prompt and choice; the prompts as echo repeats them.
+  std::vector<SequenceRequest> build_sequences(Admitted& a, std::chrono::steady_clock::time_point arrival) const;
   void tokenize(const http::Request& request, http::ResponseWriter& out);
   void detokenize(const http::Request& request, http::ResponseWriter& out);
   api::ModelCard model_card() const;
