@@ -163,6 +163,8 @@ if [ -x "${LAZYKV_E2E_PYTHON:-}" ]; then
   check "OpenAI Python client" "$LAZYKV_E2E_PYTHON" "$(dirname "$0")/openai_client_test.py" "$url" "$model"
   check "structured outputs (OpenAI client, jsonschema)" "$LAZYKV_E2E_PYTHON" \
     "$(dirname "$0")/structured_outputs_client.py" "$url" "$model"
+  check "reasoning parser off: the text as written (OpenAI client)" "$LAZYKV_E2E_PYTHON" \
+    "$(dirname "$0")/reasoning_client.py" "$url" "$model" off
 else
   fail "LAZYKV_E2E_PYTHON is not set (scripts/test.sh sets it to the venv of tests/e2e/requirements.txt)"
 fi
@@ -183,6 +185,14 @@ wait "$stream_pid"
 check "the in-flight stream finished during the drain" test "$(grep '^data: ' "$work/drain" | tail -1)" = "data: [DONE]"
 wait "$server_pid"
 check "SIGTERM exits 0" test $? = 0
+
+# --reasoning-parser think: reasoning_content and content apart.
+if [ -x "${LAZYKV_E2E_PYTHON:-}" ]; then
+  start_server --reasoning-parser think
+  check "reasoning parser on: reasoning_content apart (OpenAI client)" "$LAZYKV_E2E_PYTHON" \
+    "$(dirname "$0")/reasoning_client.py" "$url" "$model" split
+  kill -TERM "$server_pid"; wait "$server_pid"
+fi
 
 # API keys and the per-key concurrency limit.
 start_server --api-key secret-1 --max-concurrent-per-key 1
