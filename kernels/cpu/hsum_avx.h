@@ -1,5 +1,8 @@
 // Horizontal sums of 8 floats (and of 16 on AVX-512), for the SIMD kernels
-// (simd_dot.cc, kquant_rows.cc); include only where __AVX2__ is defined.
+// (simd_dot.cc, kquant_rows.cc, matmul_f32.cc, ops.cc): the one way to add a
+// vector's lanes, so every kernel sums them in the same order. Include only
+// where __AVX2__ is defined. (Not _mm512_reduce_add_ps: GCC 12 flags its own
+// header as uninitialized.)
 // Internal to kernels/cpu.
 #pragma once
 

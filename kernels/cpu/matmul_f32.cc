@@ -35,6 +35,8 @@
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+
+#include "kernels/cpu/hsum_avx.h"
 #endif
 
 namespace lazykv::cpu {
@@ -55,14 +57,9 @@ inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline float hsum(v16f v) {
 #if defined(__AVX2__)
-  // (Not _mm512_reduce_add_ps: GCC 12 flags its own header as uninitialized.)
   __m256 half[2];
   std::memcpy(half, &v, sizeof(v));
-  const __m256 s8 = _mm256_add_ps(half[0], half[1]);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-  return _mm_cvtss_f32(s4);
+  return cpu::hsum(_mm256_add_ps(half[0], half[1]));
 #else
   float s = 0.0f;
   for (int i = 0; i < 16; ++i) s += v[i];

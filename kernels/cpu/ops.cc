@@ -8,6 +8,8 @@
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+
+#include "kernels/cpu/hsum_avx.h"
 #endif
 
 namespace lazykv::cpu {
@@ -105,7 +107,7 @@ float softmax_inplace(float* x, int64_t n) {
     _mm512_storeu_ps(x + i, e);
     vsum = _mm512_add_ps(vsum, e);
   }
-  sum = _mm512_reduce_add_ps(vsum);
+  sum = hsum(vsum);
 #endif
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - max);

@@ -366,7 +366,7 @@ float dot_float(int64_t n, const Weight* w, const float* y, Load load16, ToFloat
     acc1 = _mm512_fmadd_ps(load16(w + i + 16), _mm512_loadu_ps(y + i + 16), acc1);
   }
   for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(y + i), acc0);
-  float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  float sum = hsum(_mm512_add_ps(acc0, acc1));
   for (; i < n; ++i) sum += to_float(w[i]) * y[i];
   return sum;
 }
