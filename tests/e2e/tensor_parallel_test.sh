@@ -41,6 +41,14 @@ completion() {
   json_get 'd["choices"][0]["text"]' <"$work/body" >"$work/text"
   echo "$(json_get 'd["usage"]["completion_tokens"]' <"$work/body") $(/usr/bin/python3 -c "print(float('$end') - float('$start'))")"
 }
+# A structured output (json_schema, greedy): its text into FILE.
+schema='{"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["name", "age"]}'
+structured() {
+  local code
+  code=$(status_of "$1/v1/completions" -H 'Content-Type: application/json' -d '{"model": "'$model'", "prompt": "A person, as JSON:", "max_tokens": 48, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": '"$schema"'}}}')
+  [ "$code" = 200 ] || { echo "structured completion -> $code: $(cat "$work/body")" >&2; return 1; }
+  json_get 'd["choices"][0]["text"]' <"$work/body" >"$2"
+}
 
 # Reference: the whole model in one process.
 "$bin" serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --kv-cache-mib 256 >"$work/serve.log" 2>&1 &
@@ -52,6 +60,8 @@ url=${url#listening on }
 completion "$url" >/dev/null  # warm-up
 read -r serve_tokens serve_seconds < <(completion "$url")
 cp "$work/text" "$work/serve_text"
+structured "$url" "$work/serve_json"
+check "serve: a structured output ($(tr -s "\n " "  " <"$work/serve_json"))" /usr/bin/python3 -c "import json,sys; v = json.load(open(sys.argv[1])); assert set(v) == {'name', 'age'} and 0 <= v['age'] <= 99" "$work/serve_json"
 check "serve: greedy completion of $serve_tokens tokens ($(head -c 60 "$work/serve_text" | tr '\n' ' '))" test -s "$work/serve_text"
 kill -TERM "$serve_pid"; wait "$serve_pid" 2>/dev/null
 
@@ -92,6 +102,8 @@ check "GET /ready -> 200 with both ranks up" test "$(status_of "$url/ready")" = 
 completion "$url" >/dev/null  # warm-up
 read -r tp_tokens tp_seconds < <(completion "$url")
 check "two ranks: the same greedy text as serve" cmp -s "$work/text" "$work/serve_text"
+structured "$url" "$work/tp_json"
+check "two ranks: the same structured output as serve (token masks in the plan to both ranks)" cmp -s "$work/tp_json" "$work/serve_json"
 cmp -s "$work/text" "$work/serve_text" || { echo "serve: $(cat "$work/serve_text")"; echo "tp:    $(cat "$work/text")"; }
 /usr/bin/python3 -c "print('   informative: serve %.1f tok/s, two ranks %.1f tok/s (%s tokens, prompt included in the time)' % ($serve_tokens / $serve_seconds, $tp_tokens / $tp_seconds, $tp_tokens))"
 for rank in 0 1; do
