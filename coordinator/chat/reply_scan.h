@@ -18,6 +18,26 @@ inline std::string_view trim_reply_space(std::string_view text) {
   return text;
 }
 
+// JSON text read byte by byte: how many brackets are open outside strings.
+struct JsonNesting {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  void take(char c) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  bool at_top() const { return depth == 0 && !in_string; }
+};
+
 // The length of the longest end of `text` that `marker` starts with (shorter than the marker).
 inline size_t marker_prefix_at_end(std::string_view text, std::string_view marker) {
   for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {

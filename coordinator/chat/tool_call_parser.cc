@@ -45,29 +45,15 @@ std::optional<ToolCall> call_of(std::string_view text) {
 // `text` cut at each `separator` outside JSON strings and brackets.
 std::vector<std::string_view> split_top_level(std::string_view text, char separator) {
   std::vector<std::string_view> parts;
-  int depth = 0;
-  bool in_string = false, escaped = false;
+  JsonNesting nesting;
   size_t start = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    } else if (c == separator && depth == 0) {
+    if (c == separator && nesting.at_top()) {
       parts.push_back(text.substr(start, i - start));
       start = i + 1;
     }
+    nesting.take(c);
   }
   parts.push_back(text.substr(start));
   return parts;

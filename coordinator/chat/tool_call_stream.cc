@@ -79,28 +79,17 @@ void ToolCallStream::take(uint8_t b, std::vector<ToolCallDelta>& out) {
       return stop();
     case Step::kArgsColon:
       if (literal(b, ":")) {
-        depth_ = 0;
-        in_string_ = escaped_ = false;
+        arguments_ = JsonNesting{};
         next(Step::kArgs);
       }
       return;
     case Step::kArgs: {
-      if (depth_ == 0 && is_reply_space(char(b))) return;
-      if (depth_ == 0 && b != '{') return stop();  // arguments are an object
-      if (in_string_) {
-        if (escaped_) escaped_ = false;
-        else if (b == '\\') escaped_ = true;
-        else if (b == '"') in_string_ = false;
-      } else if (b == '"') {
-        in_string_ = true;
-      } else if (b == '{' || b == '[') {
-        ++depth_;
-      } else if (b == '}' || b == ']') {
-        --depth_;
-      }
+      if (arguments_.depth == 0 && is_reply_space(char(b))) return;
+      if (arguments_.depth == 0 && b != '{') return stop();  // arguments are an object
+      arguments_.take(char(b));
       if (out.empty() || out.back().index != calls_started_ - 1) out.push_back({calls_started_ - 1, "", "", ""});
       out.back().arguments += char(b);
-      if (depth_ == 0) next(Step::kCloseBrace);
+      if (arguments_.depth == 0) next(Step::kCloseBrace);
       return;
     }
     case Step::kCloseBrace:

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "coordinator/chat/reply_scan.h"
 #include "coordinator/chat/tool_call_parser.h"
 
 namespace lazykv {
@@ -48,8 +49,7 @@ class ToolCallStream {
   Step step_ = Step::kOpen;
   size_t matched_ = 0;    // bytes of the current literal matched
   std::string token_;     // the name, or the arguments' key, so far
-  int depth_ = 0;         // the arguments' brackets open
-  bool in_string_ = false, escaped_ = false;
+  JsonNesting arguments_;  // the arguments' brackets open
   int calls_started_ = 0;
 };
 
