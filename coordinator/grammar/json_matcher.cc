@@ -180,11 +180,6 @@ void drop_repeats(MatchState& s) {
 
 }  // namespace
 
-bool MatchState::operator==(const MatchState& o) const {
-  return ends == o.ends && frames.size() == o.frames.size() &&
-         std::memcmp(frames.data(), o.frames.data(), frames.size() * sizeof(Frame)) == 0;
-}
-
 std::string MatchState::key() const {
   std::string out(reinterpret_cast<const char*>(frames.data()), frames.size() * sizeof(Frame));
   out.append(reinterpret_cast<const char*>(ends.data()), ends.size() * sizeof(uint32_t));

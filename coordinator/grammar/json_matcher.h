@@ -46,7 +46,6 @@ struct MatchState {
   std::vector<Frame> frames;    // the stacks, bottom first, back to back
   std::vector<uint32_t> ends;   // one past each stack's top frame
   bool empty() const { return ends.empty(); }
-  bool operator==(const MatchState& o) const;
   // The state's bytes (a cache key).
   std::string key() const;
 };
@@ -70,7 +69,6 @@ class JsonMatcher {
   // The state after one more plain character, where plain_string_room > 0.
   MatchState after_plain_char(const MatchState& state) const;
 
-  const JsonSchema& schema() const { return schema_; }
 
  private:
   using Stack = std::vector<Frame>;
