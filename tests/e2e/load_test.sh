@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A bounded load test: 64 concurrent streams against `lazykv serve` in rounds
-# of LOAD_SECONDS (default 15; each round also waits for its 64 streams in
-# flight, 32 tokens each, so about 25 s) with the load generator
+# of LOAD_SECONDS (default 8; each round also waits for its 64 streams in
+# flight, 32 tokens each, so about 18 s) with the load generator
 # (`lazykv bench-serve`).
 # Passes when no request fails, nothing is left running or cached
 # afterwards, and the server's memory does not keep growing: once a round
@@ -18,7 +18,7 @@
 set -uo pipefail
 bin=$1
 [ -f "${LAZYKV_DEFAULT_MODEL:-}" ] || { echo "skipped: LAZYKV_DEFAULT_MODEL is not set"; exit 77; }
-seconds=${LOAD_SECONDS:-15}
+seconds=${LOAD_SECONDS:-8}
 streams=${LOAD_STREAMS:-64}
 work=$(mktemp -d)
 server=""
