@@ -129,7 +129,7 @@ struct Bench {
     const ModelConfig& c = model.config();
     KvCache cache(cache_config());
     const auto fp = pass(cache);
-    auto policy = make_policy(config, policy_shape(c, ctx, ctx + steps));
+    auto policy = make_policy(config, policy_shape(model, ctx, ctx + steps));
     cache.add_sequence(0, policy->heads_per_layer());
     const auto ids = bench_tokens(ctx, c.n_vocab, 11);
     BatchItem item{0, ids, 0, false, policy.get()};

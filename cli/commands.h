@@ -16,6 +16,7 @@ namespace lazykv {
 int run_generate(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_replay_policy(const std::vector<std::string>& args);
+int run_calibrate(const std::vector<std::string>& args);
 int run_eval(const std::vector<std::string>& args);
 int run_serve(const std::vector<std::string>& args);
 int run_bench_serve(const std::vector<std::string>& args);

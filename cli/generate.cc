@@ -67,7 +67,7 @@ int run_generate(const std::vector<std::string>& args) {
   KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
   ForwardPass forward(*m.model, cache, pool, parse_activations(flags.get("activations")));
   const SeqId seq = 0;
-  std::unique_ptr<EvictionPolicy> policy = make_policy(policy_config, policy_shape(config, int32_t(prompt.size()), int32_t(prompt.size() + max_tokens)));
+  std::unique_ptr<EvictionPolicy> policy = make_policy(policy_config, policy_shape(*m.model, int32_t(prompt.size()), int32_t(prompt.size() + max_tokens)));
   cache.add_sequence(seq, policy->heads_per_layer());
 
   using Clock = std::chrono::steady_clock;

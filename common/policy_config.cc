@@ -129,6 +129,28 @@ const std::vector<PolicyInfo>& policy_catalog() {
          "1: sum over queries (the prompt's last max(recent, 1), then every decode query), as H2O; "
          "0: the current query only, as TOVA"}},
        {"recent"}, {}},
+      {"vase",
+       "VaSE: value-aware stochastic eviction: the largest value ranges and the sinks reserved, the rest sampled "
+       "by pooled window attention (or, with sketch=1, kept by a fresh random sketch), every `window` slots",
+       {budget_param(),
+        {"window", 64, 1, kMaxSlots, true,
+         "recency buffer: the newest slots stay, their queries score, and eviction runs whenever the cache reaches a "
+         "multiple of it over budget"},
+        {"large", 0.25, 0, 1, false, "fraction of the budget reserved for the largest value ranges (sinks first)"},
+        {"sinks", 4, 0, kMaxSlots, true, "first slots always kept (reserved before the value ranges)"},
+        {"kernel", 5, 1, 63, true, "average-pooling kernel over the attention scores (odd, zero-padded)"},
+        {"sketch", 0, 0, 1, true, "1: VaSE-DKV, keep the top |kG|^2 |vG|^2 for a fresh Gaussian G (no queries, no reserve)"},
+        {"rank", 20, 1, 256, true, "columns of the Gaussian sketch G (sketch=1)"},
+        {"seed", 0, 0, 4294967295.0, true, "random stream: the same seed gives the same evictions"}},
+       {"window", "sinks"},
+       {"kernel"}},
+      {"triattention",
+       "TriAttention: keys ranked by the logit that calibrated pre-RoPE query centres will give them at future "
+       "positions (needs the model's query statistics: lazykv calibrate)",
+       {budget_param(),
+        {"period", 128, 1, kMaxSlots, true, "compress when a KV head holds budget + period slots"},
+        {"keep_prompt", 1, 0, 1, true, "1: the prompt is never evicted; 0: it competes with the generated tokens"}},
+       {}, {}},
   };
   return catalog;
 }

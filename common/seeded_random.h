@@ -23,6 +23,10 @@ inline uint64_t splitmix64_at(uint64_t seed, uint64_t i) {
   return splitmix64(state);
 }
 
+// A double in the open interval (0, 1) from 64 random bits (the top 52, plus
+// a half step so that neither end is reached): its logarithm is finite.
+inline double uniform_open(uint64_t bits) { return (double(bits >> 12) + 0.5) * 0x1.0p-52; }
+
 // FNV-1a of a name: a seed per tensor.
 inline uint64_t fnv1a(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;

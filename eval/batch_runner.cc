@@ -88,7 +88,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       std::unique_ptr<EvictionPolicy> policy;
       if (result.ok()) {
         try {
-          policy = make_policy(job.policy, policy_shape(config, int32_t(job.prompt.size()),
+          policy = make_policy(job.policy, policy_shape(model_, int32_t(job.prompt.size()),
                                                         int32_t(job.prompt.size()) + steps));
         } catch (const Error& e) {
           result.error = e.what();

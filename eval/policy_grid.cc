@@ -12,7 +12,7 @@ namespace lazykv::eval {
 
 const char* const kParamRule =
     "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. "
-    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv `window`; caote, obcache `recent`) is min(catalog default, "
+    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv, vase `window`; caote, obcache `recent`) is min(catalog default, "
     "max(1, budget / 4)), so "
     "that at least three quarters of the budget is chosen by the policy's score; streaming keeps its 4 sinks and "
     "h2o its half-budget recent window. A window-like value set in a --policies spec, name(param=value), is kept "

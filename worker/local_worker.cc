@@ -82,7 +82,7 @@ std::string LocalWorker::start(const SequenceStart& s) {
   Sequence seq;
   try {
     s.sampling.validate();
-    seq.policy = make_policy(s.policy, policy_shape(shard_.config(), int32_t(s.prompt.size()), options_.n_ctx));
+    seq.policy = make_policy(s.policy, policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx));
   } catch (const Error& e) {
     return e.what();
   } catch (const std::bad_alloc&) {

@@ -145,7 +145,29 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     m->load_gguf(path);
   }
   m->finish();
+  m->find_query_stats();
   return m;
+}
+
+void Model::find_query_stats() {
+  const std::string file = query_stats_path(path_);
+  try {
+    std::shared_ptr<const QueryStats> stats = load_query_stats(file);
+    if (stats->n_layer != config_.n_layer || stats->n_head != config_.n_head || stats->n_freq != config_.n_rot / 2) {
+      query_stats_missing_ = file + " does not match the model (" + std::to_string(stats->n_layer) + " layers, " +
+                             std::to_string(stats->n_head) + " query heads, " + std::to_string(stats->n_freq) +
+                             " frequencies; the model has " + std::to_string(config_.n_layer) + ", " +
+                             std::to_string(config_.n_head) + ", " + std::to_string(config_.n_rot / 2) + ")";
+      return;
+    }
+    query_stats_ = std::move(stats);
+    query_stats_missing_.clear();
+  } catch (const Error& e) {
+    query_stats_missing_ = e.code() == ErrorCode::kNotFound
+                               ? "no query statistics beside the model (" + file + "); `lazykv calibrate --model " +
+                                     path_ + " --input TEXT` measures them"
+                               : e.what();
+  }
 }
 
 TokenizerSpec tokenizer_spec_from_gguf(const GgufFile& f) {

@@ -13,6 +13,7 @@
 #include "worker/format/gguf.h"
 #include "worker/format/safetensors.h"
 #include "worker/model_config.h"
+#include "worker/policy/query_stats.h"
 
 namespace lazykv {
 
@@ -50,6 +51,11 @@ class Model {
   const float* output_norm() const { return output_norm_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const RopeTable& rope() const { return rope_; }
+  // The query statistics beside the model file (query_stats_path), checked
+  // against its shape; null when there are none, with the reason in
+  // query_stats_missing() (a bad file never stops the model from loading).
+  std::shared_ptr<const QueryStats> query_stats() const { return query_stats_; }
+  const std::string& query_stats_missing() const { return query_stats_missing_; }
   size_t weight_bytes() const { return weight_bytes_; }
   // Bytes of weights a decode step reads: every layer's matrices and the
   // output projection (the token embedding is read one row per token).
@@ -60,6 +66,7 @@ class Model {
   void load_gguf(const std::string& path);
   void load_hf(const std::string& dir);
   void finish();
+  void find_query_stats();  // after finish(): fills query_stats_ or query_stats_missing_
   const float* keep_f32(std::vector<float> values);
 
   std::string path_;
@@ -73,6 +80,8 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
   RopeTable rope_;
+  std::shared_ptr<const QueryStats> query_stats_;
+  std::string query_stats_missing_ = "no query statistics for a model made in memory";
   size_t weight_bytes_ = 0;
   size_t decode_weight_bytes_ = 0;
 };

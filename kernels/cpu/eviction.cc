@@ -84,4 +84,13 @@ void max_pool1d(const float* x, int32_t n, int kernel, float* y) {
   }
 }
 
+void avg_pool1d(const float* x, int32_t n, int kernel, float* y) {
+  const int32_t half = kernel / 2;
+  for (int32_t s = 0; s < n; ++s) {
+    float sum = 0.0f;
+    for (int32_t j = std::max(0, s - half); j <= std::min(n - 1, s + half); ++j) sum += x[j];
+    y[s] = sum / float(kernel);
+  }
+}
+
 }  // namespace lazykv::cpu

@@ -48,6 +48,11 @@ void obcache_accumulate(const float* logits, int32_t n_q, const float* values, i
 // x, y: [n], must not alias.
 void max_pool1d(const float* x, int32_t n, int kernel, float* y);
 
+// Same-length 1-D average over a window of `kernel` (odd) slots centred on
+// each slot, zero-padded at the ends: every sum is divided by `kernel`.
+// x, y: [n], must not alias.
+void avg_pool1d(const float* x, int32_t n, int kernel, float* y);
+
 // Moves a[keep[i]] to a[i] for every i (keep strictly increasing), in place.
 template <typename T>
 void compact_slots(T* a, std::span<const int32_t> keep) {

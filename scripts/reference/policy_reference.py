@@ -53,6 +53,8 @@ DEFAULTS = {
     "raas": {"budget": 512, "alpha": 1e-4},
     "caote": {"budget": 512, "recent": 32},
     "obcache": {"budget": 512, "recent": 32, "accumulate": 1},
+    "vase": {"budget": 512, "window": 64, "large": 0.25, "sinks": 4, "kernel": 5, "sketch": 0, "rank": 20, "seed": 0},
+    "triattention": {"budget": 512, "period": 128, "keep_prompt": 1},
 }
 
 
@@ -71,10 +73,13 @@ def softmax_f32(logits):
     return (e / e.sum(dtype=F32)).astype(F32)
 
 
-def check_margin(values, kept, what, rel=1e-4, abs_tol=1e-7):
+def check_margin(values, kept, what, rel=1e-4, abs_tol=1e-7, infinite_apart=False):
     """Rejects a selection where a kept and a dropped candidate differ by a
     nonzero amount smaller than the tolerance (exact ties are fine: both sides
-    then break them by position)."""
+    then break them by position). infinite_apart: an infinite value is never
+    near a finite one (values pinned to +-inf by rule, not by rounding)."""
+    if infinite_apart:
+        values = np.where(np.isinf(values), np.sign(values) * 1e30, values)
     kept = set(kept)
     dropped = [i for i in range(len(values)) if i not in kept]
     if not kept or not dropped:
@@ -99,6 +104,44 @@ def max_pool1d(x, kernel):
     """Same-length max pooling, window centred, cut at the ends."""
     n, r = len(x), kernel // 2
     return np.array([x[max(0, i - r):min(n, i + r + 1)].max() for i in range(n)], dtype=F32) if n else x
+
+
+def avg_pool1d(x, kernel):
+    """Same-length average pooling, window centred, zero-padded: sums over kernel."""
+    n, r = len(x), kernel // 2
+    return np.array([x[max(0, i - r):min(n, i + r + 1)].sum(dtype=F32) / F32(kernel) for i in range(n)], dtype=F32)
+
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64_at(seed, i):
+    """Output i (from 0) of SplitMix64 started at seed: state seed + (i + 1) * golden, then the finaliser."""
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def uniform_open(bits):
+    """The top 52 bits plus a half step: a double strictly inside (0, 1)."""
+    return ((bits >> 12) + 0.5) * 2.0 ** -52
+
+
+def vase_stream(seed, layer, head, step):
+    """The random stream of one (layer, head, eviction step)."""
+    return splitmix64_at(splitmix64_at(splitmix64_at(seed, layer), head), step)
+
+
+def gaussian_sketch(stream, D, rank):
+    """G [D][rank]: Box-Muller normals from draws (2j, 2j + 1), over sqrt(rank), in float32."""
+    g = np.empty(D * rank, dtype=F32)
+    scale = 1.0 / math.sqrt(rank)
+    for j in range(D * rank):
+        u1 = uniform_open(splitmix64_at(stream, 2 * j))
+        u2 = uniform_open(splitmix64_at(stream, 2 * j + 1))
+        g[j] = F32(math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2) * scale)
+    return g.reshape(D, rank)
 
 
 def lazy_scores(last, mri, t):
@@ -169,15 +212,18 @@ class Replay:
             # The scored prompt queries: the last max(recent, 1), or the last
             # one alone when not accumulating; decode needs only the newest.
             w = max(self.p["recent"], 1) if self.p["accumulate"] else 1
+        elif self.name == "vase":
+            if self.p["sketch"]:
+                return
         elif self.name not in ("snapkv", "rkv"):
             return
         self.queries[h].append((pos, np.asarray(q, dtype=F32)))
         self.queries[h] = sorted(self.queries[h], key=lambda e: e[0])[-w:]
 
     # --- selection helpers ---
-    def keep_top(self, scores, n_candidates, n, k, what, ties_by=None):
+    def keep_top(self, scores, n_candidates, n, k, what, ties_by=None, infinite_apart=False):
         kept = top_k_older_first(scores[:n_candidates], k)
-        check_margin(scores[:n_candidates], kept, what)
+        check_margin(scores[:n_candidates], kept, what, infinite_apart=infinite_apart)
         if 0 < len(kept) < n_candidates:
             cut = min(float(scores[i]) for i in kept)
             dropped_max = max(float(scores[i]) for i in range(n_candidates) if i not in set(kept))
@@ -206,7 +252,7 @@ class Replay:
             for h in range(self.H):
                 for p in range(self.P):
                     q = np.asarray(tr["prompt_queries"][h][p], dtype=np.float64).astype(F32)
-                    if self.name in ("snapkv", "rkv") and p >= self.P - self.p["window"]:
+                    if self.name in ("snapkv", "rkv", "vase") and p >= self.P - self.p["window"]:
                         self.remember(h, p, q)
                     if self.name == "obcache":
                         self.remember(h, p, q)
@@ -395,6 +441,12 @@ class Replay:
                 full = np.concatenate([scores, np.zeros(W, dtype=F32)])
                 hd.keep(self.keep_top(full, nc, n, C - W, f"{name} t={t}"))
             return
+        if name == "vase":
+            self.select_vase()
+            return
+        if name == "triattention":
+            self.select_triattention()
+            return
         if name == "raas":
             if t < 1:
                 return
@@ -422,6 +474,103 @@ class Replay:
                 hd.keep(list(range(n_prompt)) + [n_prompt + i for i in kept])
             return
         raise ValueError(name)
+
+    def select_vase(self):
+        """VaSE at decode steps where a head holds more than the budget and a
+        multiple of the window: the window's slots stay; of the older
+        candidates, budget - window are kept. Attention variant: the widest
+        value ranges (sinks infinite) reserved, the rest sampled without
+        replacement in proportion to the pooled window attention (each
+        remembered query's softmax over the candidates, averaged, then
+        average-pooled), by Efraimidis-Spirakis keys log(u)/w. Sketch variant:
+        top |kG|^2 |vG|^2 for a fresh Gaussian G per layer and step, sinks
+        first. A trace's values are its keys."""
+        t, p = self.t, self.p
+        C, W, S = p["budget"], p["window"], p["sinks"]
+        if t < 1:
+            return
+        K = C - W
+        sketch = None
+        for h, hd in enumerate(self.heads):
+            n = len(hd.pos)
+            if n <= C or n % W != 0:
+                continue
+            nc = n - W
+            values = np.array(hd.keys[:nc], dtype=F32)
+            if p["sketch"]:
+                if sketch is None:
+                    sketch = gaussian_sketch(vase_stream(p["seed"], 0, 0, t), self.D, p["rank"])
+                kg = np.zeros((nc, p["rank"]), dtype=F32)
+                for d in range(self.D):  # the C++ order: one dimension at a time
+                    kg = (kg + values[:, d:d + 1] * sketch[d:d + 1, :]).astype(F32)
+                k2 = (kg * kg).sum(axis=1, dtype=F32)
+                scores = (k2 * k2).astype(F32)
+                scores[:S] = np.inf
+                hd.keep(self.keep_top(scores, nc, n, K, f"vase sketch t={t}", infinite_apart=True))
+                continue
+            acc = np.zeros(nc, dtype=F32)
+            for _, q in self.queries[h]:
+                logits = ((values @ q.astype(F32)).astype(F32) * self.scale).astype(F32)
+                acc = (acc + softmax_f32(logits)).astype(F32)
+            weights = avg_pool1d((acc / F32(max(len(self.queries[h]), 1))).astype(F32), p["kernel"])
+            spread = (values.max(axis=1) - values.min(axis=1)).astype(F32)
+            spread[:S] = np.inf
+            n_large = min(max(int(math.floor(p["large"] * C)), S), K)  # the sinks always fit
+            reserved = top_k_older_first(spread, n_large)
+            check_margin(spread, reserved, f"vase range t={t}", infinite_apart=True)
+            stream = vase_stream(p["seed"], 0, h, t)
+            keys = np.empty(nc, dtype=F32)
+            for i in range(nc):
+                w = float(weights[i])
+                u = uniform_open(splitmix64_at(stream, i))
+                keys[i] = F32(math.log(u) / w) if w > 0 else -np.inf
+            keys[reserved] = np.inf
+            hd.keep(self.keep_top(keys, nc, n, K, f"vase t={t}", infinite_apart=True))
+
+    def select_triattention(self):
+        """TriAttention (per layer and KV head) at decode steps where a head
+        holds budget + period slots: with the trace's query statistics
+        (centre c_f = mean_re + i mean_im, a_f = abs_mean) and a key's pairs
+        k_f = k[f] + i k[f + D/2] (NeoX), the expected logit at positions
+        t + d, d in {1, 2, ..., 2^16}, averaged over d:
+          sum_f Re[c_f conj(k_f) e^{i w_f (t + d)}] + (a_f - |c_f|) |k_f|,
+        t the next token's position and w_f = theta^(-2f/D); z-scored over
+        the candidates (one query per head here, so the group max is the
+        score itself); the prompt kept when keep_prompt. Trigonometry through
+        math.cos / math.sin, the C library's, as the C++ uses."""
+        t, p = self.t, self.p
+        C, period = p["budget"], p["period"]
+        if t < 1:
+            return
+        D, F = self.D, self.D // 2
+        theta = float(self.trace.get("rope_theta", 10000.0))
+        stats = self.trace["query_stats"]
+        t_next = self.P + t
+        for h, hd in enumerate(self.heads):
+            n = len(hd.pos)
+            if n < C + period:
+                continue
+            n_kept = min(self.P, n) if p["keep_prompt"] else 0
+            m, k = n - n_kept, max(C - n_kept, 0)
+            if m <= k:
+                continue
+            keys = np.array(hd.keys[n_kept:], dtype=np.float64)
+            score = np.zeros(m)
+            for f in range(F):
+                w_f = float(F32(1.0 / theta ** (2.0 * f / D)))
+                mean_d = sum(complex(math.cos(w_f * 2 ** j), math.sin(w_f * 2 ** j)) for j in range(17)) / 17.0
+                i = h * F + f  # one layer: (head, frequency)
+                centre = complex(float(F32(stats["mean_re"][i])), float(F32(stats["mean_im"][i])))
+                w = centre * complex(math.cos(w_f * t_next), math.sin(w_f * t_next)) * mean_d
+                b = float(F32(F32(stats["abs_mean"][i]) - F32(abs(centre))))
+                re, im = keys[:, f], keys[:, f + F]
+                score += float(F32(w.real)) * re + float(F32(w.imag)) * im + b * np.sqrt(re * re + im * im)
+            z = (score - score.mean()) / max(score.std(), 1e-6)
+            kept = top_k_older_first(z, k)
+            # The C++ sums in float32: z-scores near 0 carry absolute errors
+            # of about 1e-6, so near ties are judged on an absolute scale.
+            check_margin(z, kept, f"triattention t={t}", abs_tol=1e-4)
+            hd.keep(list(range(n_kept)) + [n_kept + i for i in kept])
 
     def state(self, h):
         hd = self.heads[h]
@@ -478,11 +627,25 @@ def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpn
     return trace
 
 
+def random_query_stats(rng, H, D):
+    """Query centres and mean magnitudes for one layer of H query heads: the
+    mean magnitude is the centre's plus a spread, as a measured one is."""
+    F = D // 2
+    re, im = rng.normal(size=(H, F)), rng.normal(size=(H, F))
+    spread = np.abs(re + 1j * im) + rng.uniform(0.05, 1.0, size=(H, F))
+    return {"format": "lazykv-query-stats", "version": 1, "model": "trace", "tokens": 1000,
+            "n_layer": 1, "n_head": H, "n_freq": F,
+            "mean_re": rounded(re), "mean_im": rounded(im), "abs_mean": rounded(spread)}
+
+
 def generate(seed, policy, P, n_steps, accept=None, want_newest_case=False, **kw):
     """Tries seeds from `seed` until the trace replays without ambiguity."""
     for s in range(seed, seed + 500):
         rng = np.random.default_rng(s)
         trace = random_trace(rng, policy, P, n_steps, **kw)
+        if policy["name"] == "triattention":
+            trace["rope_theta"] = 500.0
+            trace["query_stats"] = random_query_stats(rng, trace["H"], trace["D"])
         r = Replay(trace)
         try:
             expected = r.run()
@@ -623,6 +786,18 @@ def cases():
     # The TOVA base: the current query alone, no recent window.
     add("obcache_current", generate(1020, {"name": "obcache", "budget": 10, "recent": 0, "accumulate": 0}, 12, 50,
                                     prompt_queries=True), 10)
+
+    vase = {"name": "vase", "budget": 12, "window": 4, "large": 0.25, "sinks": 2, "kernel": 3, "seed": 7}
+    add("vase_random1", generate(1100, vase, 8, 70), 10)
+    # A prompt over budget: the first eviction's window holds prompt queries.
+    add("vase_long_prompt", generate(1110, dict(vase, budget=10, window=4, large=0.5, kernel=5, seed=3), 14, 50,
+                                     prompt_queries=True), 8)
+    add("vase_sketch", generate(1120, dict(vase, sketch=1, rank=4, seed=5), 8, 70), 10)
+
+    tri = {"name": "triattention", "budget": 12, "period": 4, "keep_prompt": 1}
+    add("triattention_random1", generate(1200, tri, 6, 70), 10)
+    # The prompt competes too.
+    add("triattention_prompt_evicted", generate(1210, dict(tri, keep_prompt=0, period=3), 10, 50), 8)
     return out
 
 

@@ -19,5 +19,7 @@ std::unique_ptr<EvictionPolicy> make_rkv_policy(const PolicyConfig& config, cons
 std::unique_ptr<EvictionPolicy> make_raas_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_caote_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_obcache_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_vase_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_triattention_policy(const PolicyConfig& config, const PolicyShape& shape);
 
 }  // namespace lazykv

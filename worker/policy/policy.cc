@@ -7,13 +7,39 @@
 
 #include "common/error.h"
 #include "kernels/cpu/eviction.h"
+#include "worker/model.h"
 #include "worker/model_config.h"
+#include "worker/parallel/model_shard.h"
 #include "worker/policy/policies.h"
 
 namespace lazykv {
 
 PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len, int32_t max_len) {
-  return PolicyShape{config.n_layer, config.n_head_kv, config.n_group(), config.head_dim, prompt_len, 0.0f, max_len};
+  PolicyShape shape;
+  shape.n_layer = config.n_layer;
+  shape.n_head_kv = config.n_head_kv;
+  shape.n_group = config.n_group();
+  shape.head_dim = config.head_dim;
+  shape.prompt_len = prompt_len;
+  shape.max_len = max_len;
+  shape.rope_style = config.rope_style;
+  return shape;
+}
+
+PolicyShape policy_shape(const Model& model, int32_t prompt_len, int32_t max_len) {
+  PolicyShape shape = policy_shape(model.config(), prompt_len, max_len);
+  shape.rope_inv_freq = model.rope().inv_freq;
+  shape.query_stats = model.query_stats();
+  shape.query_stats_missing = model.query_stats_missing();
+  return shape;
+}
+
+PolicyShape policy_shape(const ModelShard& shard, int32_t prompt_len, int32_t max_len) {
+  PolicyShape shape = policy_shape(shard.model(), prompt_len, max_len);
+  const PolicyShape local = policy_shape(shard.config(), prompt_len, max_len);
+  shape.n_head_kv = local.n_head_kv;
+  shape.kv_head_offset = int(shard.kv_heads().begin);
+  return shape;
 }
 
 EvictionPolicy::EvictionPolicy(PolicyConfig config, const PolicyShape& shape, int heads_per_layer, Needs needs)
@@ -232,7 +258,8 @@ const std::map<std::string, PolicyFactory>& policy_factories() {
       {"full", make_full_policy},       {"lazy", make_lazy_policy},   {"lazy+tiers", make_lazy_tiers_policy},
       {"streaming", make_streaming_policy}, {"h2o", make_h2o_policy}, {"tova", make_tova_policy},
       {"snapkv", make_snapkv_policy},   {"rkv", make_rkv_policy},     {"raas", make_raas_policy},
-      {"caote", make_caote_policy},     {"obcache", make_obcache_policy},
+      {"caote", make_caote_policy},     {"obcache", make_obcache_policy}, {"vase", make_vase_policy},
+      {"triattention", make_triattention_policy},
   };
   return factories;
 }

@@ -25,6 +25,7 @@
 #include "common/policy_config.h"
 #include "kernels/cpu/ops.h"
 #include "worker/kv_cache.h"
+#include "worker/policy/query_stats.h"
 
 namespace lazykv {
 
@@ -39,12 +40,26 @@ struct PolicyShape {
   // unknown: state sized by a parameter (the query ring of a `window`) is
   // never made larger than the sequence can use.
   int32_t max_len = 0;
+  // For policies that score cached keys by position (triattention): the
+  // RoPE of the keys (inverse frequencies [n_rot / 2], empty when unknown,
+  // and the pairing), the model's query statistics (null: none, and why),
+  // and this shard's first KV head (the statistics cover the whole model).
+  std::vector<float> rope_inv_freq;
+  cpu::RopeStyle rope_style = cpu::RopeStyle::kNeox;
+  std::shared_ptr<const QueryStats> query_stats;
+  std::string query_stats_missing;
+  int kv_head_offset = 0;
 };
 
 struct ModelConfig;
+class Model;
+class ModelShard;
 // The policy shape of a model for a prompt of prompt_len tokens, in a
-// sequence of at most max_len positions (0: unknown).
+// sequence of at most max_len positions (0: unknown). From a Model or a
+// shard the shape also carries the RoPE and the query statistics.
 PolicyShape policy_shape(const ModelConfig& config, int32_t prompt_len, int32_t max_len = 0);
+PolicyShape policy_shape(const Model& model, int32_t prompt_len, int32_t max_len = 0);
+PolicyShape policy_shape(const ModelShard& shard, int32_t prompt_len, int32_t max_len = 0);
 
 // What a tiered policy moved: the eval harness reports bytes per token and
 // the promotion hit rate from these.

@@ -41,6 +41,34 @@ std::vector<uint16_t> to_half(const std::vector<float>& x) {
   return h;
 }
 
+// One layer of H KV heads with a query each. Keys are RoPE'd NeoX-style with
+// base "rope_theta" (10000 when absent) as far as a policy cares, and
+// "query_stats" (optional) are the model's query statistics.
+PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, int32_t n_total) {
+  PolicyShape shape;
+  shape.n_layer = 1;
+  shape.n_head_kv = H;
+  shape.head_dim = D;
+  shape.prompt_len = P;
+  shape.attn_scale = 1.0f / std::sqrt(float(D));
+  shape.max_len = n_total;
+  double theta = 10000.0;
+  if (trace.contains("rope_theta")) {
+    if (!trace["rope_theta"].is_number() || !(trace["rope_theta"].get<double>() > 1.0) ||
+        !std::isfinite(trace["rope_theta"].get<double>())) {
+      bad("\"rope_theta\" must be a finite number above 1");
+    }
+    theta = trace["rope_theta"].get<double>();
+  }
+  for (int f = 0; f < D / 2; ++f) shape.rope_inv_freq.push_back(float(1.0 / std::pow(theta, 2.0 * f / D)));
+  if (trace.contains("query_stats")) {
+    shape.query_stats = std::make_shared<const QueryStats>(query_stats_from_json(trace["query_stats"]));
+  } else {
+    shape.query_stats_missing = "the trace has no \"query_stats\"";
+  }
+  return shape;
+}
+
 }  // namespace
 
 nlohmann::json replay_trace(const nlohmann::json& trace) {
@@ -67,7 +95,7 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
 
   const int32_t n_total = P + int32_t(steps.size());
   KvCache cache({1, H, D, 64, 0});
-  const PolicyShape shape{1, H, 1, D, P, 1.0f / std::sqrt(float(D)), n_total};
+  const PolicyShape shape = replay_shape(trace, H, D, P, n_total);
   std::unique_ptr<EvictionPolicy> policy = make_policy(config, shape);
   const SeqId seq = 0;
   cache.add_sequence(seq, policy->heads_per_layer());

@@ -121,6 +121,18 @@ TEST(MaxPool1d, WindowCutAtTheEnds) {
   EXPECT_EQ(pool(x, 1), x);
 }
 
+// Zero-padded: a window cut at the ends still divides by the kernel.
+TEST(AvgPool1d, ZeroPaddedAtTheEnds) {
+  const std::vector<float> x = {6, 3, 0, 9, 3};
+  std::vector<float> y(x.size());
+  avg_pool1d(x.data(), int32_t(x.size()), 3, y.data());
+  EXPECT_EQ(y, (std::vector<float>{3, 3, 4, 4, 4}));
+  avg_pool1d(x.data(), int32_t(x.size()), 1, y.data());
+  EXPECT_EQ(y, x);
+  avg_pool1d(x.data(), int32_t(x.size()), 63, y.data());
+  EXPECT_EQ(y, std::vector<float>(x.size(), 21.0f / 63.0f));
+}
+
 TEST(MaxPool1d, KernelWiderThanInput) {
   EXPECT_EQ(pool({1, 4, 2}, 63), (std::vector<float>{4, 4, 4}));
   EXPECT_EQ(pool({7}, 5), (std::vector<float>{7}));

@@ -62,7 +62,7 @@ TEST(GoldenTraces, DirectoryHoldsTraces) {
   ASSERT_FALSE(files.empty()) << "no golden traces in " << LAZYKV_TEST_DATA_DIR
                               << "/policy; run scripts/reference/policy_reference.py";
   // Every policy has golden traces.
-  for (const char* policy : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache"}) {
+  for (const char* policy : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache", "vase", "triattention"}) {
     EXPECT_TRUE(std::any_of(files.begin(), files.end(),
                             [&](const fs::path& p) { return p.filename().string().rfind(std::string(policy) + "_", 0) == 0; }))
         << "no golden trace for " << policy;

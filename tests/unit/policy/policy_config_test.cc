@@ -35,7 +35,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 TEST(PolicyCatalog, ListsEveryPolicyInOrder) {
   std::vector<std::string> names;
   for (const PolicyInfo& p : policy_catalog()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache", "vase", "triattention"}));
   for (const PolicyInfo& p : policy_catalog()) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     for (const PolicyParam& param : p.params) {
@@ -49,7 +49,7 @@ TEST(PolicyCatalog, ListsEveryPolicyInOrder) {
 TEST(PolicyConfig, UnknownPolicyListsValidOnes) {
   const std::string msg = config_error("lru");
   EXPECT_TRUE(contains(msg, "'lru'")) << msg;
-  for (const char* name : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache"}) {
+  for (const char* name : {"full", "lazy", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache", "vase"}) {
     EXPECT_TRUE(contains(msg, name)) << msg;
   }
   EXPECT_NE(config_error("LAZY"), "");  // names are case-sensitive
@@ -114,7 +114,10 @@ TEST(PolicyConfig, EveryRowsRulesNameItsOwnParameters) {
     };
     for (const std::string& r : p.below_budget) {
       EXPECT_TRUE(has(r) && has("budget")) << p.name << "." << r;
-      const std::string msg = config_error(p.name, {{"budget", "64"}, {r, "64"}});
+      // The row's other rules hold (1 < 64), so this one alone is broken.
+      std::map<std::string, std::string> values = {{"budget", "64"}};
+      for (const std::string& other : p.below_budget) values[other] = other == r ? "64" : "1";
+      const std::string msg = config_error(p.name, values);
       EXPECT_TRUE(contains(msg, r + " (64) must be smaller than budget (64)")) << msg;
     }
     for (const std::string& r : p.odd) {

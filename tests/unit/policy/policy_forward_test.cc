@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -22,41 +23,58 @@
 #include "worker/kv_cache.h"
 #include "worker/model.h"
 #include "worker/policy/policy.h"
+#include "worker/policy/query_calibration.h"
 
 namespace lazykv {
 namespace {
 
 namespace fs = std::filesystem;
 
+const std::vector<int32_t> kPrompt = {1, 40, 75, 120, 3, 200};
+
+// The tiny model, written to a temporary folder and loaded (the mapping keeps
+// the data); with_query_stats, its query statistics (measured on a few
+// tokens) are written beside it first, for triattention.
+std::unique_ptr<Model> load_tiny_model(bool with_query_stats) {
+  TinyModelSpec spec;
+  spec.n_layer = 2;
+  spec.n_embd = 64;
+  spec.n_head = 4;
+  spec.n_head_kv = 2;
+  spec.n_ff = 96;
+  spec.seed = 7;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("lazykv_policy_forward_test_" + std::to_string(::getpid()) + (with_query_stats ? "_stats" : ""));
+  fs::create_directories(dir);
+  const std::string path = (dir / "tiny.gguf").string();
+  write_tiny_gguf(path, spec);
+  if (with_query_stats) {
+    ThreadPool pool(2);
+    const std::vector<int32_t> text = {1, 17, 99, 140, 23, 61, 77, 200, 5, 9, 180, 33, 250, 14, 3, 90};
+    std::ofstream(query_stats_path(path)) << query_stats_to_json(measure_query_stats(*Model::load(path), text, pool)).dump();
+  }
+  std::unique_ptr<Model> loaded = Model::load(path);
+  std::error_code ignored;
+  fs::remove_all(dir, ignored);
+  return loaded;
+}
+
 const Model& tiny_model() {
-  static const std::unique_ptr<Model> model = [] {
-    TinyModelSpec spec;
-    spec.n_layer = 2;
-    spec.n_embd = 64;
-    spec.n_head = 4;
-    spec.n_head_kv = 2;
-    spec.n_ff = 96;
-    spec.seed = 7;
-    const fs::path dir = fs::temp_directory_path() / ("lazykv_policy_forward_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    const std::string path = (dir / "tiny.gguf").string();
-    write_tiny_gguf(path, spec);
-    std::unique_ptr<Model> loaded = Model::load(path);
-    std::error_code ignored;
-    fs::remove_all(dir, ignored);  // the mapping keeps the data
-    return loaded;
-  }();
+  static const std::unique_ptr<Model> model = load_tiny_model(false);
   return *model;
 }
 
-const std::vector<int32_t> kPrompt = {1, 40, 75, 120, 3, 200};
+const Model& tiny_model_with_query_stats() {
+  static const std::unique_ptr<Model> model = load_tiny_model(true);
+  return *model;
+}
 
 int32_t argmax(std::span<const float> logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 PolicyShape shape_for(const Model& m, int32_t prompt_len, int32_t max_len = 0) {
-  return policy_shape(m.config(), prompt_len, max_len);
+  return policy_shape(m, prompt_len, max_len);
 }
 
 // One sequence on its own cache and forward pass, optionally with a policy.
@@ -118,6 +136,8 @@ TEST(PolicyForward, NoEvictionWithinBudgetIsBitIdentical) {
       config("caote", {{"budget", "128"}}),
       config("obcache", {{"budget", "128"}}),
       config("obcache", {{"budget", "128"}, {"accumulate", "0"}}),
+      config("vase", {{"budget", "128"}, {"window", "8"}}),
+      config("vase", {{"budget", "128"}, {"window", "8"}, {"sketch", "1"}}),
   };
   Session plain(m, nullptr, kPrompt);
   std::vector<std::vector<float>> expected = {plain.logits};
@@ -168,6 +188,11 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
       {config("obcache", {{"budget", "16"}, {"recent", "4"}}), C + 1, [](int32_t) { return true; }},
       {config("obcache", {{"budget", "16"}, {"recent", "0"}, {"accumulate", "0"}}), C + 1, [](int32_t) { return true; },
        false},
+      // vase compacts when the cache (prompt 6 + t) reaches a multiple of its window.
+      {config("vase", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}}), C + 4,
+       [](int32_t t) { return (6 + t) % 4 == 0; }},
+      {config("vase", {{"budget", "16"}, {"window", "4"}, {"sketch", "1"}, {"rank", "8"}}), C + 4,
+       [](int32_t t) { return (6 + t) % 4 == 0; }},
   };
   const ModelConfig& mc = m.config();
   for (const EvictingCase& ec : cases) {
@@ -206,6 +231,57 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
     }
     EXPECT_EQ(s.policy->slots(), total) << name;
   }
+}
+
+// VaSE's draws come from its seed alone: the same seed keeps the same slots
+// in every layer and head, another seed keeps others somewhere.
+TEST(PolicyForward, VaseEvictionsFollowTheSeed) {
+  const Model& m = tiny_model();
+  const auto kept_after = [&](const std::string& variant, const std::string& seed) {
+    const PolicyConfig c = config(
+        "vase", {{"budget", "16"}, {"window", "4"}, {"large", "0.25"}, {"sketch", variant}, {"seed", seed}});
+    Session s(m, &c, kPrompt);
+    std::vector<std::vector<int32_t>> kept;
+    for (int32_t t = 1; t <= 40; ++t) {
+      s.feed({s.next()});
+      for (int layer = 0; layer < m.config().n_layer; ++layer) {
+        for (int h = 0; h < s.heads(); ++h) {
+          const std::span<const int32_t> p = s.cache.positions(0, layer, h);
+          kept.emplace_back(p.begin(), p.end());
+        }
+      }
+    }
+    EXPECT_GT(s.policy->evicted_slots(), 0) << c.to_string();
+    return kept;
+  };
+  for (const std::string variant : {"0", "1"}) {
+    EXPECT_EQ(kept_after(variant, "11"), kept_after(variant, "11")) << "sketch=" << variant;
+    EXPECT_NE(kept_after(variant, "11"), kept_after(variant, "12")) << "sketch=" << variant;
+  }
+}
+
+// triattention: compresses to the budget whenever a head reaches budget +
+// period slots, never touching the prompt.
+TEST(PolicyForward, TriAttentionKeepsThePromptAndTheBudget) {
+  const Model& m = tiny_model_with_query_stats();
+  ASSERT_NE(m.query_stats(), nullptr) << m.query_stats_missing();
+  const PolicyConfig c = config("triattention", {{"budget", "16"}, {"period", "4"}});
+  Session s(m, &c, kPrompt);
+  const int32_t P = int32_t(kPrompt.size());
+  for (int32_t t = 1; t <= 40; ++t) {
+    s.feed({s.next()});
+    for (int layer = 0; layer < m.config().n_layer; ++layer) {
+      for (int h = 0; h < s.heads(); ++h) {
+        const std::span<const int32_t> p = s.cache.positions(0, layer, h);
+        ASSERT_LT(int32_t(p.size()), 16 + 4) << "t=" << t;  // compressed the step it reaches 20
+        ASSERT_GE(int32_t(p.size()), P);
+        for (int32_t i = 0; i < P; ++i) ASSERT_EQ(p[size_t(i)], i) << "t=" << t << ": prompt slot " << i;
+        ASSERT_TRUE(std::is_sorted(p.begin(), p.end()));
+      }
+    }
+  }
+  EXPECT_GT(s.policy->evicted_slots(), 0);
+  EXPECT_EQ(s.policy->peak_slots(), int64_t(m.config().n_layer) * s.heads() * 20);
 }
 
 TEST(PolicyForward, AHugeWindowHoldsOnlyWhatTheSequenceCanUse) {

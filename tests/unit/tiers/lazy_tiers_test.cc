@@ -50,7 +50,12 @@ class Driver {
                                                                                  {"window", std::to_string(window)},
                                                                                  {"alpha", "0.5"},
                                                                                  {"probe", "0"}});
-    policy_ = make_policy(config, PolicyShape{1, 1, 1, kDim, kPrompt, 0});
+    PolicyShape shape;
+    shape.n_layer = 1;
+    shape.n_head_kv = 1;
+    shape.head_dim = kDim;
+    shape.prompt_len = kPrompt;
+    policy_ = make_policy(config, shape);
     cache_.add_sequence(0, policy_->heads_per_layer());
     cache_.reserve(0, kPrompt);
     policy_->begin_step(0, kPrompt);
