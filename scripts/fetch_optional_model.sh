@@ -84,12 +84,16 @@ record="$model.sha256"
 mkdir -p "$models"
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+# The model's query statistics (for --kv-policy triattention) go beside it,
+# where the engine looks; a calibration of your own already there stays.
+place_query_stats() { cp -n "$root/data/query_stats/$model_file.qstats.json" "$models/"; }
 
 # --- already there? -----------------------------------------------------------
 if [ -f "$model" ] && [ -f "$record" ]; then
   recorded=$(cut -d' ' -f1 "$record")
   if [ "$recorded" = "$model_sha256" ] && [ "$(sha256_of "$model")" = "$recorded" ]; then
     log "already present and verified: $model"
+    place_query_stats
     printf '%s\n' "$model"
     exit 0
   fi
@@ -194,4 +198,5 @@ fi
 mv "$partial" "$model"
 printf '%s  %s\n' "$actual" "$model_file" > "$record"
 log "ready: $model (GGUF v$gguf_version, $size bytes, sha256 $actual)"
+place_query_stats
 printf '%s\n' "$model"
