@@ -127,12 +127,11 @@ void rope(float* x, int n_heads, int head_dim, int n_rot, int64_t pos, const flo
     const float s = std::sin(theta) * mscale;
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + int64_t(h) * head_dim;
-      const int a = style == RopeStyle::kInterleaved ? 2 * i : i;
-      const int b = style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
-      const float x0 = v[a];
-      const float x1 = v[b];
-      v[a] = x0 * c - x1 * s;
-      v[b] = x0 * s + x1 * c;
+      const RopePair p = rope_pair(style, i, half);
+      const float x0 = v[p.re];
+      const float x1 = v[p.im];
+      v[p.re] = x0 * c - x1 * s;
+      v[p.im] = x0 * s + x1 * c;
     }
   }
 }

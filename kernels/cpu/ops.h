@@ -23,6 +23,15 @@ float softmax_inplace(float* x, int64_t n);
 // checkpoints and GGUF Qwen2).
 enum class RopeStyle { kInterleaved, kNeox };
 
+// The two dims of pair i (of half = n_rot / 2 pairs): the real and imaginary
+// parts of the complex number RoPE turns.
+struct RopePair {
+  int re, im;
+};
+inline RopePair rope_pair(RopeStyle style, int i, int half) {
+  return style == RopeStyle::kInterleaved ? RopePair{2 * i, 2 * i + 1} : RopePair{i, i + half};
+}
+
 // Rotates the first n_rot dims of each of n_heads vectors x[n_heads][head_dim]
 // at position pos. inv_freq: [n_rot/2] (scaling already folded in);
 // mscale multiplies cos and sin (YaRN attention factor, else 1).

@@ -36,8 +36,7 @@ PolicyShape policy_shape(const Model& model, int32_t prompt_len, int32_t max_len
 
 PolicyShape policy_shape(const ModelShard& shard, int32_t prompt_len, int32_t max_len) {
   PolicyShape shape = policy_shape(shard.model(), prompt_len, max_len);
-  const PolicyShape local = policy_shape(shard.config(), prompt_len, max_len);
-  shape.n_head_kv = local.n_head_kv;
+  shape.n_head_kv = shard.config().n_head_kv;  // this rank's KV heads
   shape.kv_head_offset = int(shard.kv_heads().begin);
   return shape;
 }

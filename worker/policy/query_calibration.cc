@@ -54,10 +54,9 @@ class QueryCollector final : public EvictionPolicy {
           for (int f = 0; f < F; ++f) {
             // The kernel turned the pair by theta (computed in float) and scaled it by mscale.
             const float theta = float(pos) * rope_.inv_freq[size_t(f)];
-            const int a = style_ == cpu::RopeStyle::kInterleaved ? 2 * f : f;
-            const int b = style_ == cpu::RopeStyle::kInterleaved ? 2 * f + 1 : f + F;
+            const cpu::RopePair p = cpu::rope_pair(style_, f, F);
             const std::complex<double> pair =
-                std::complex<double>(v[a], v[b]) * std::polar(1.0 / double(rope_.mscale), -double(theta));
+                std::complex<double>(v[p.re], v[p.im]) * std::polar(1.0 / double(rope_.mscale), -double(theta));
             sum_[o + size_t(f)] += pair;
             abs_sum_[o + size_t(f)] += std::abs(pair);
           }

@@ -94,7 +94,6 @@ class TriAttentionPolicy final : public EvictionPolicy {
   // z-scored expected logits for the keys [n][head_dim].
   void group_scores(int layer, int kv_head, const float* keys, int32_t n, Scratch& s) const {
     const int D = shape().head_dim, F = D / 2;
-    const bool neox = shape().rope_style == cpu::RopeStyle::kNeox;
     const double t = double(prompt_len() + step());  // the next token's position
     s.aux.resize(size_t(3 * F));
     float* w_re = s.aux.data();
@@ -118,8 +117,8 @@ class TriAttentionPolicy final : public EvictionPolicy {
         const float* k = keys + size_t(i) * size_t(D);
         float score = 0.0f;
         for (int f = 0; f < F; ++f) {
-          const float re = neox ? k[f] : k[2 * f];
-          const float im = neox ? k[f + F] : k[2 * f + 1];
+          const cpu::RopePair p = cpu::rope_pair(shape().rope_style, f, F);
+          const float re = k[p.re], im = k[p.im];
           score += w_re[f] * re + w_im[f] * im + b[f] * std::sqrt(re * re + im * im);
         }
         s.scores[size_t(i)] = score;

@@ -67,13 +67,12 @@ class VasePolicy final : public EvictionPolicy {
         if (!sketch_drawn) draw_sketch(draw_stream(seed_, layer, 0, step()), s.aux);
         sketch_drawn = true;
         sketch_scores(kv, nc, s);
-        keep_top(s.pooled.data(), nc, hd.n, budget_ - window_, keep[h], s.index);
       } else {
         attention_scores(hd, kv, nc, s);
         // Streams by the model's KV head, so tensor-parallel ranks draw as one.
         sample_keys(draw_stream(seed_, layer, shape().kv_head_offset + int(h), step()), nc, keep[h], s);
-        keep_top(s.pooled.data(), nc, hd.n, budget_ - window_, keep[h], s.index);
       }
+      keep_top(s.pooled.data(), nc, hd.n, budget_ - window_, keep[h], s.index);
     }
   }
 
