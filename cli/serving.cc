@@ -171,6 +171,10 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   const double drain_seconds = flags.get_double("drain-seconds");
   if (drain_seconds < 0) throw Error(ErrorCode::kInvalidArgument, "--drain-seconds must be >= 0");
   const char* role = options.role.c_str();
+  const auto& unavailable = scheduler.worker_info().unavailable_policies;
+  if (const auto it = unavailable.find(service.default_policy.name); it != unavailable.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "--kv-policy " + it->first + " cannot run on this model: " + it->second);
+  }
 
   ServiceConfig shared = service;
   shared.constraints = std::make_shared<grammar::ConstraintCache>(tokenizer);

@@ -237,4 +237,12 @@ PolicyConfig make_policy_config(const nlohmann::json& spec) {
   return make_policy_config(spec["name"].get<std::string>(), params);
 }
 
+std::string prompt_refusal(const PolicyConfig& config, int64_t prompt_len) {
+  const auto keep = config.params.find("keep_prompt");
+  if (keep == config.params.end() || keep->second == 0 || prompt_len < config.budget()) return "";
+  return "policy " + config.name + ": the prompt (" + std::to_string(prompt_len) + " tokens) fills the budget (" +
+         std::to_string(config.budget()) +
+         ") and keep_prompt=1 keeps all of it, so nothing generated could stay; raise the budget or set keep_prompt=0";
+}
+
 }  // namespace lazykv

@@ -8,6 +8,7 @@
 // row here and its factory's row there.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -58,5 +59,12 @@ PolicyConfig make_policy_config(const std::string& name, const std::map<std::str
 inline PolicyConfig make_policy_config(const char* name) { return make_policy_config(std::string(name)); }
 // From {"name": ..., "<param>": value, ...}.
 PolicyConfig make_policy_config(const nlohmann::json& spec);
+
+// Why the policy cannot run a prompt of prompt_len tokens, or "" when it can.
+// A policy whose keep_prompt parameter is 1 never evicts the prompt, so the
+// prompt must leave room in the budget for what is generated. The coordinator
+// asks before admitting a request (a 400, not a failed step); the engine asks
+// again when it builds the policy.
+std::string prompt_refusal(const PolicyConfig& config, int64_t prompt_len);
 
 }  // namespace lazykv

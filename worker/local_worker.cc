@@ -52,6 +52,7 @@ WorkerInfo LocalWorker::info() const {
   info.n_group = c.n_group();
   info.rank = group_.rank();
   info.world = group_.world();
+  info.unavailable_policies = unavailable_policies(policy_shape(shard_, 0));
   return info;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,6 +82,9 @@ struct WorkerInfo {
   int n_group = 1;  // query heads per KV head
   int rank = 0;     // in its tensor-parallel group
   int world = 1;    // ranks in the group; 1: none
+  // Catalog policies this model cannot run, with why (TriAttention without
+  // query statistics): the coordinator refuses them with a 400.
+  std::map<std::string, std::string> unavailable_policies;
 };
 
 class StepExecutor {

@@ -195,6 +195,7 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
     with_logprobs.top_logprobs = std::max(top_logprobs, 0);
     const std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, 0);
     const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), scheduler_.worker_info().n_ctx, config_);
+    check_kv_policy(r, int32_t(prompt.size()), scheduler_.worker_info(), config_);
     const char* input = chat ? "messages" : "prompt";
     std::vector<SequenceRequest> sequences =
         make_sequences(with_logprobs, prompt, max_tokens, config_, 0, arrival, response_constraint(*constraints_, r));

@@ -309,6 +309,7 @@ std::vector<SequenceRequest> OpenAiService::build_sequences(Admitted& a, Clock::
     }
     if (!chat) a.prompt_texts.push_back(r.prompts[p].is_tokens ? tokenizer_.decode(prompt) : r.prompts[p].text);
     const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), n_ctx, config_);
+    check_kv_policy(r, int32_t(prompt.size()), scheduler_.worker_info(), config_);
     for (SequenceRequest& s : make_sequences(r, prompt, max_tokens, config_, sequences.size(), arrival, constraint)) {
       sequences.push_back(std::move(s));
     }

@@ -82,6 +82,18 @@ std::shared_ptr<const grammar::TokenConstraint> response_constraint(grammar::Con
   }
 }
 
+void check_kv_policy(const api::GenerationRequest& request, int32_t prompt_len, const WorkerInfo& info,
+                     const ServiceConfig& config) {
+  const PolicyConfig& policy = request.kv_policy ? *request.kv_policy : config.default_policy;
+  const std::string param = request.kv_policy ? "kv_policy"
+                            : request.endpoint == api::Endpoint::kChatCompletions ? "messages"
+                                                                                  : "prompt";
+  if (const auto it = info.unavailable_policies.find(policy.name); it != info.unavailable_policies.end()) {
+    throw api::invalid_request("KV policy '" + policy.name + "' cannot run on this model: " + it->second, param);
+  }
+  if (std::string why = prompt_refusal(policy, prompt_len); !why.empty()) throw api::invalid_request(why, param);
+}
+
 std::vector<SequenceRequest> make_sequences(const api::GenerationRequest& request, const std::vector<int32_t>& prompt,
                                             int32_t max_tokens, const ServiceConfig& config, size_t first_choice,
                                             std::chrono::steady_clock::time_point arrival,

@@ -29,6 +29,14 @@ std::vector<int32_t> encode_request_prompt(const PromptEncoder& encoder, const T
 int32_t resolve_max_tokens(const api::GenerationRequest& request, int32_t prompt_len, int32_t n_ctx,
                            const ServiceConfig& config);
 
+// Refuses, before any step, a KV policy that cannot run this request: one the
+// model lacks what it needs for (info.unavailable_policies) or one that keeps
+// a prompt filling its budget (prompt_refusal). ApiError 400 with param
+// "kv_policy" when the request named the policy; with the server's default
+// policy, param "messages"/"prompt" (only a shorter prompt helps).
+void check_kv_policy(const api::GenerationRequest& request, int32_t prompt_len, const WorkerInfo& info,
+                     const ServiceConfig& config);
+
 // The token constraint of the request's structured output, or null.
 std::shared_ptr<const grammar::TokenConstraint> response_constraint(grammar::ConstraintCache& cache,
                                                                     const api::GenerationRequest& request);

@@ -55,7 +55,8 @@ bool same_shape(const WorkerInfo& a, const WorkerInfo& b) {
   return a.n_ctx == b.n_ctx && a.n_vocab == b.n_vocab && a.kv_capacity_bytes == b.kv_capacity_bytes &&
          a.kv_bytes_per_token == b.kv_bytes_per_token && a.kv_page_bytes == b.kv_page_bytes &&
          a.page_slots == b.page_slots && a.n_layer == b.n_layer && a.n_head_kv == b.n_head_kv &&
-         a.n_group == b.n_group && a.rank == b.rank && a.world == b.world;
+         a.n_group == b.n_group && a.rank == b.rank && a.world == b.world &&
+         a.unavailable_policies == b.unavailable_policies;
 }
 
 }  // namespace

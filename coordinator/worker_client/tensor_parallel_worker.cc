@@ -35,8 +35,10 @@ TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks
   }
   const WorkerInfo first = ranks_[0].executor->info();
   info_ = first;
+  std::map<std::string, std::string> unavailable = first.unavailable_policies;  // on any rank
   for (size_t r = 1; r < ranks_.size(); ++r) {
     const WorkerInfo info = ranks_[r].executor->info();
+    unavailable.insert(info.unavailable_policies.begin(), info.unavailable_policies.end());
     if (info.n_vocab != first.n_vocab || info.n_ctx != first.n_ctx || info.n_layer != first.n_layer ||
         info.n_group != first.n_group || info.page_slots != first.page_slots) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -47,6 +49,7 @@ TensorParallelWorker::TensorParallelWorker(std::vector<TensorParallelRank> ranks
     const auto per_head = [](const WorkerInfo& i) { return double(i.kv_capacity_bytes) / double(i.n_head_kv); };
     if (info.kv_capacity_bytes > 0 && (info_.kv_capacity_bytes == 0 || per_head(info) < per_head(info_))) info_ = info;
   }
+  info_.unavailable_policies = std::move(unavailable);
   if (form_group_) regroup_if_needed(StepPlan{});
 }
 

@@ -203,6 +203,13 @@ expect_in "$tmp/err" "kv policy obcache(accumulate=0,budget=48,recent=8)" "obcac
 expect_exit 2 "obcache accumulate out of range" "$lazykv" generate --model "$model" --prompt hi --kv-policy obcache \
   --kv-budget 64 --kv-accumulate 2
 expect_in "$tmp/err" "accumulate" "obcache accumulate range named"
+# A policy this model cannot run (no query statistics beside this copy) is
+# refused when the server starts, not on the first request.
+ln -s "$model" "$tmp/no-stats.gguf"
+expect_exit 2 "serve a policy the model cannot run" timeout 60 "$lazykv" serve --model "$tmp/no-stats.gguf" \
+  --kv-policy triattention --port 0
+expect_in "$tmp/err" "--kv-policy triattention cannot run on this model" "the policy the model cannot run is named"
+expect_in "$tmp/err" "lazykv calibrate" "it says how to make the statistics"
 expect_exit 2 "unknown policy" "$lazykv" generate --model "$model" --prompt hi --kv-policy bogus
 expect_in "$tmp/err" "valid policies: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas, caote, obcache" "unknown policy lists the valid ones"
 expect_exit 2 "parameter the policy lacks" "$lazykv" generate --model "$model" --prompt hi --kv-policy streaming --kv-window 8

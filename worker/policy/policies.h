@@ -22,4 +22,8 @@ std::unique_ptr<EvictionPolicy> make_obcache_policy(const PolicyConfig& config, 
 std::unique_ptr<EvictionPolicy> make_vase_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_triattention_policy(const PolicyConfig& config, const PolicyShape& shape);
 
+// What a policy needs of the model beyond its shape; policy_unavailable()
+// names them. Each returns why the model lacks it, or "".
+std::string triattention_unavailable(const PolicyShape& shape);
+
 }  // namespace lazykv

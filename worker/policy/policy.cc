@@ -263,10 +263,28 @@ const std::map<std::string, PolicyFactory>& policy_factories() {
   return factories;
 }
 
+std::string policy_unavailable(const std::string& name, const PolicyShape& shape) {
+  using Check = std::string (*)(const PolicyShape&);
+  static const std::map<std::string, Check> checks = {{"triattention", triattention_unavailable}};
+  const auto it = checks.find(name);
+  return it == checks.end() ? std::string() : it->second(shape);
+}
+
+std::map<std::string, std::string> unavailable_policies(const PolicyShape& shape) {
+  std::map<std::string, std::string> out;
+  for (const PolicyInfo& p : policy_catalog()) {
+    if (std::string why = policy_unavailable(p.name, shape); !why.empty()) out[p.name] = std::move(why);
+  }
+  return out;
+}
+
 std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const PolicyShape& shape) {
   const auto it = policy_factories().find(config.name);
   if (it == policy_factories().end()) {
     throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + config.name + "'");
+  }
+  for (const std::string& why : {policy_unavailable(config.name, shape), prompt_refusal(config, shape.prompt_len)}) {
+    if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, why);
   }
   return it->second(config, shape);
 }

@@ -223,8 +223,15 @@ using PolicyFactory = std::unique_ptr<EvictionPolicy> (*)(const PolicyConfig& co
 // (common/policy_config.h holds the other half; the names are the same).
 const std::map<std::string, PolicyFactory>& policy_factories();
 
+// Why the named policy cannot run on the model of this shape (TriAttention
+// without query statistics), or "" when it can. A worker lists these in its
+// info, so the coordinator refuses such requests before they reach a step.
+std::string policy_unavailable(const std::string& name, const PolicyShape& shape);
+// Every catalog policy that cannot run on this shape, with why.
+std::map<std::string, std::string> unavailable_policies(const PolicyShape& shape);
+
 // Builds the policy named by config for one sequence. Throws
-// Error(kInvalidArgument) when the shape does not suit it.
+// Error(kInvalidArgument) when the shape or the prompt does not suit it.
 std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const PolicyShape& shape);
 
 }  // namespace lazykv

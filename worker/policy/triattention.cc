@@ -36,27 +36,7 @@ class TriAttentionPolicy final : public EvictionPolicy {
         period_(config.get_int("period")),
         keep_prompt_(config.get_int("keep_prompt") != 0),
         stats_(shape.query_stats) {
-    const int F = shape.head_dim / 2;
-    if (!stats_) throw Error(ErrorCode::kInvalidArgument, "policy triattention: " + shape.query_stats_missing);
-    if (int(shape.rope_inv_freq.size()) != F) {
-      throw Error(ErrorCode::kInvalidArgument, "policy triattention: needs RoPE on every dimension of the head (" +
-                                                   std::to_string(2 * shape.rope_inv_freq.size()) + " of " +
-                                                   std::to_string(shape.head_dim) + " rotate)");
-    }
-    if (keep_prompt_ && shape.prompt_len >= budget_) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "policy triattention: the prompt (" + std::to_string(shape.prompt_len) +
-                      " tokens) fills the budget (" + std::to_string(budget_) +
-                      ") and keep_prompt=1 keeps all of it, so nothing generated could stay; raise the budget or "
-                      "set keep_prompt=0");
-    }
-    const int last_head = (shape.kv_head_offset + shape.n_head_kv) * shape.n_group;
-    if (stats_->n_layer != shape.n_layer || stats_->n_freq != F || stats_->n_head < last_head) {
-      throw Error(ErrorCode::kInvalidArgument, "policy triattention: the query statistics (" +
-                                                   std::to_string(stats_->n_layer) + " layers, " +
-                                                   std::to_string(stats_->n_head) + " heads, " +
-                                                   std::to_string(stats_->n_freq) + " frequencies) do not fit this model");
-    }
+    const int F = shape.head_dim / 2;  // make_policy checked triattention_unavailable(shape)
     offset_mean_.resize(size_t(F));
     for (int f = 0; f < F; ++f) {
       std::complex<double> sum = 0.0;
@@ -140,6 +120,23 @@ class TriAttentionPolicy final : public EvictionPolicy {
 };
 
 }  // namespace
+
+std::string triattention_unavailable(const PolicyShape& shape) {
+  if (!shape.query_stats) return "policy triattention: " + shape.query_stats_missing;
+  const QueryStats& stats = *shape.query_stats;
+  const int F = shape.head_dim / 2;
+  if (int(shape.rope_inv_freq.size()) != F) {
+    return "policy triattention: needs RoPE on every dimension of the head (" +
+           std::to_string(2 * shape.rope_inv_freq.size()) + " of " + std::to_string(shape.head_dim) + " rotate)";
+  }
+  const int last_head = (shape.kv_head_offset + shape.n_head_kv) * shape.n_group;
+  if (stats.n_layer != shape.n_layer || stats.n_freq != F || stats.n_head < last_head) {
+    return "policy triattention: the query statistics (" + std::to_string(stats.n_layer) + " layers, " +
+           std::to_string(stats.n_head) + " heads, " + std::to_string(stats.n_freq) +
+           " frequencies) do not fit this model";
+  }
+  return "";
+}
 
 std::unique_ptr<EvictionPolicy> make_triattention_policy(const PolicyConfig& config, const PolicyShape& shape) {
   return std::make_unique<TriAttentionPolicy>(config, shape);

@@ -92,6 +92,7 @@ void to_proto(const WorkerInfo& in, pb::WorkerInfo* out) {
   out->set_n_group(in.n_group);
   out->set_rank(in.rank);
   out->set_world(in.world);
+  for (const auto& [name, why] : in.unavailable_policies) (*out->mutable_unavailable_policies())[name] = why;
 }
 
 PolicyConfig from_proto(const pb::PolicyConfig& in) {
@@ -186,6 +187,7 @@ WorkerInfo from_proto(const pb::WorkerInfo& in) {
   out.n_group = in.n_group();
   out.rank = in.rank();
   out.world = std::max(in.world(), 1);  // absent (an older worker): no group
+  for (const auto& [name, why] : in.unavailable_policies()) out.unavailable_policies[name] = why;
   return out;
 }
 

@@ -318,6 +318,11 @@ TEST_F(GrpcApiTest, InvalidRequestsAreRejected) {
     cases.push_back({"unknown policy", r, grpc::INVALID_ARGUMENT, "lazy"});
   }
   {
+    v1::GenerateRequest r = prompt_request("abc", 4);  // the tiny model has no query statistics
+    r.mutable_kv_policy()->set_name("triattention");
+    cases.push_back({"policy the model cannot run", r, grpc::INVALID_ARGUMENT, "lazykv calibrate"});
+  }
+  {
     v1::GenerateRequest r = prompt_request("abc", 4);
     r.set_model("other");
     cases.push_back({"unknown model", r, grpc::NOT_FOUND, "'other' does not exist"});

@@ -114,6 +114,14 @@ TEST(TensorParallelWorker, ReportsTheTightestRanksCacheAndRefusesMismatchedModel
   EXPECT_EQ(group.info().kv_capacity_bytes, 400u);
   EXPECT_EQ(group.info().n_head_kv, 1);
 
+  // A policy one rank cannot run, the group cannot run.
+  std::vector<std::unique_ptr<FakeRank>> lacking;
+  lacking.push_back(rank_with(5, 1, 400));
+  lacking.push_back(rank_with(5, 1, 1000));
+  lacking[1]->info_.unavailable_policies["triattention"] = "no statistics";
+  EXPECT_EQ(TensorParallelWorker(group_of(std::move(lacking))).info().unavailable_policies,
+            (std::map<std::string, std::string>{{"triattention", "no statistics"}}));
+
   std::vector<std::unique_ptr<FakeRank>> mismatched;
   mismatched.push_back(rank_with(5));
   mismatched.push_back(rank_with(5));

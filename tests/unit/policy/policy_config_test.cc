@@ -127,6 +127,16 @@ TEST(PolicyConfig, EveryRowsRulesNameItsOwnParameters) {
   }
 }
 
+// keep_prompt=1 never evicts the prompt: it must leave room in the budget.
+TEST(PolicyConfig, APromptThatFillsAKeptBudgetIsRefused) {
+  const PolicyConfig kept = make_policy_config("triattention", {{"budget", "16"}});
+  EXPECT_EQ(prompt_refusal(kept, 15), "");
+  EXPECT_TRUE(contains(prompt_refusal(kept, 16), "the prompt (16 tokens) fills the budget (16)"));
+  EXPECT_TRUE(contains(prompt_refusal(kept, 16), "keep_prompt=0"));
+  EXPECT_EQ(prompt_refusal(make_policy_config("triattention", {{"budget", "16"}, {"keep_prompt", "0"}}), 40), "");
+  EXPECT_EQ(prompt_refusal(make_policy_config("lazy", {{"budget", "16"}, {"window", "8"}}), 40), "");  // evicts prompts
+}
+
 TEST(PolicyConfig, DefaultsFilledIn) {
   const PolicyConfig lazy = make_policy_config(std::string("lazy"));
   EXPECT_EQ(lazy.name, "lazy");

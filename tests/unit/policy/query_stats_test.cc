@@ -83,11 +83,17 @@ TEST_F(QueryStatsTest, WrittenBesideTheModelTheyAreLoadedWithIt) {
     EXPECT_NEAR(loaded.abs_mean[i], s.abs_mean[i], 1e-4f * s.abs_mean[i]) << i;
   }
   EXPECT_NO_THROW(make_policy(make_policy_config("triattention"), policy_shape(*model, 4)));
+  EXPECT_TRUE(unavailable_policies(policy_shape(*model, 0)).empty());
 }
 
 TEST_F(QueryStatsTest, WithoutStatisticsTriAttentionSaysHowToMakeThem) {
   const std::unique_ptr<Model> model = Model::load(path_);
   EXPECT_EQ(model->query_stats(), nullptr);
+  // Listed as unavailable (a worker's info carries this to the coordinator) ...
+  const std::map<std::string, std::string> unavailable = unavailable_policies(policy_shape(*model, 0));
+  ASSERT_EQ(unavailable.size(), 1u);
+  EXPECT_NE(unavailable.at("triattention").find("lazykv calibrate"), std::string::npos);
+  // ... and refused when built anyway.
   try {
     make_policy(make_policy_config("triattention"), policy_shape(*model, 4));
     FAIL() << "triattention ran without query statistics";

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/server/sequence_builder.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"
 
@@ -230,6 +231,48 @@ TEST_F(OpenAiServiceTest, ErrorsAreOpenAiJsonWithTheRightStatus) {
       call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "top_p": 1e-46})");
   EXPECT_EQ(tiny_top_p.status, 200) << tiny_top_p.body;
   EXPECT_GE(registry_.counter(metrics::kErrors, {"invalid_request"}).value(), 5);
+}
+
+// A policy the model cannot run is the request's error, found before any
+// step: a 400 naming kv_policy, streamed or not, and the server goes on.
+TEST_F(OpenAiServiceTest, APolicyTheModelCannotRunIsA400) {
+  ASSERT_EQ(worker_->info().unavailable_policies.count("triattention"), 1u);  // the tiny model has no query statistics
+  for (const char* stream : {"false", "true"}) {
+    RecordingWriter w = call("POST", "/v1/completions",
+                             std::string(R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "stream": )") + stream +
+                                 R"(, "kv_policy": {"name": "triattention"}})");
+    EXPECT_EQ(w.status, 400) << w.body;
+    EXPECT_FALSE(w.streaming);
+    const json j = json::parse(w.body);
+    EXPECT_EQ(j["error"]["param"], "kv_policy") << w.body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("lazykv calibrate"), std::string::npos) << w.body;
+  }
+  EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
+}
+
+// A prompt the policy would have to keep whole but cannot fit: the request's
+// policy names kv_policy; the server's default names the prompt.
+TEST(CheckKvPolicy, APromptThatFillsAKeptBudgetIsA400) {
+  const WorkerInfo info;  // the model can run every policy
+  ServiceConfig config;
+  api::GenerationRequest request;
+  request.endpoint = api::Endpoint::kCompletions;
+  request.kv_policy = make_policy_config("triattention", {{"budget", "16"}});
+  EXPECT_NO_THROW(check_kv_policy(request, 15, info, config));
+  const auto param_of_refusal = [&](int32_t prompt_len) {
+    try {
+      check_kv_policy(request, prompt_len, info, config);
+    } catch (const api::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(std::string(e.what()).find("fills the budget"), std::string::npos) << e.what();
+      return e.param;
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(param_of_refusal(16), "kv_policy");
+  config.default_policy = *request.kv_policy;
+  request.kv_policy.reset();
+  EXPECT_EQ(param_of_refusal(16), "prompt");
 }
 
 // Greedy completions of one prompt; the token ids come back through the

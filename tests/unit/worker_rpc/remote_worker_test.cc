@@ -194,6 +194,8 @@ TEST_F(WorkerRpcTest, InfoMatchesTheLocalWorker) {
   EXPECT_EQ(info.n_layer, local.n_layer);
   EXPECT_EQ(info.n_head_kv, local.n_head_kv);
   EXPECT_EQ(info.n_group, local.n_group);
+  EXPECT_EQ(info.unavailable_policies, local.unavailable_policies);
+  EXPECT_EQ(info.unavailable_policies.count("triattention"), 1u);  // the tiny model has no query statistics
   EXPECT_TRUE(remote.alive());
   EXPECT_EQ(remote.instance_id(), served.service.instance_id());
 }
