@@ -18,6 +18,7 @@
 // (seed, layer, KV head of the model, step), so a run is reproducible, needs
 // no state, and draws the same whatever the tensor-parallel split.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -30,6 +31,7 @@ namespace lazykv {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int kMaxRank = 256;  // the catalog's limit on rank
 
 // The stream of one (layer, head, step); the policy's draws are its outputs.
 uint64_t draw_stream(uint64_t seed, int layer, int head, int32_t step) {
@@ -135,24 +137,31 @@ class VasePolicy final : public EvictionPolicy {
   }
 
   // s.pooled[0, nc) = |k G|^2 |v G|^2 with G in s.aux; +inf for the sinks.
+  // The projections run along G's rows, all `rank` columns at once (the loop
+  // over columns vectorizes); each column still sums over d in order.
   void sketch_scores(const cpu::KvPages& kv, int32_t nc, Scratch& s) const {
     const int D = shape().head_dim;
     s.keys.resize(size_t(nc + window_) * size_t(D));
     cpu::gather_keys(kv, D, s.keys.data());
     s.pooled.resize(size_t(nc));
+    std::array<float, kMaxRank> kg, vg;
     for (int32_t i = 0; i < nc; ++i) {
       const float* k = s.keys.data() + size_t(i) * size_t(D);
       const float* v = s.values.data() + size_t(i) * size_t(D);
+      std::fill_n(kg.begin(), rank_, 0.0f);
+      std::fill_n(vg.begin(), rank_, 0.0f);
+      for (int d = 0; d < D; ++d) {
+        const float* g = s.aux.data() + size_t(d) * size_t(rank_);
+        const float kd = k[d], vd = v[d];
+        for (int c = 0; c < rank_; ++c) {
+          kg[size_t(c)] += kd * g[c];
+          vg[size_t(c)] += vd * g[c];
+        }
+      }
       float k2 = 0.0f, v2 = 0.0f;
       for (int c = 0; c < rank_; ++c) {
-        float kg = 0.0f, vg = 0.0f;
-        for (int d = 0; d < D; ++d) {
-          const float g = s.aux[size_t(d) * size_t(rank_) + size_t(c)];
-          kg += k[d] * g;
-          vg += v[d] * g;
-        }
-        k2 += kg * kg;
-        v2 += vg * vg;
+        k2 += kg[size_t(c)] * kg[size_t(c)];
+        v2 += vg[size_t(c)] * vg[size_t(c)];
       }
       s.pooled[size_t(i)] = i < sinks_ ? kInf : k2 * v2;
     }
