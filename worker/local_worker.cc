@@ -83,7 +83,9 @@ std::string LocalWorker::start(const SequenceStart& s) {
   Sequence seq;
   try {
     s.sampling.validate();
-    seq.policy = make_policy(s.policy, policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx));
+    PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
+    shape.resumed_tokens = s.generated;
+    seq.policy = make_policy(s.policy, shape);
   } catch (const Error& e) {
     return e.what();
   } catch (const std::bad_alloc&) {

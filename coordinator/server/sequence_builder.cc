@@ -89,7 +89,7 @@ void check_kv_policy(const api::GenerationRequest& request, int32_t prompt_len, 
                             : request.endpoint == api::Endpoint::kChatCompletions ? "messages"
                                                                                   : "prompt";
   if (const auto it = info.unavailable_policies.find(policy.name); it != info.unavailable_policies.end()) {
-    throw api::invalid_request("KV policy '" + policy.name + "' cannot run on this model: " + it->second, param);
+    throw api::invalid_request("policy " + policy.name + " cannot run on this model: " + it->second, param);
   }
   if (std::string why = prompt_refusal(policy, prompt_len); !why.empty()) throw api::invalid_request(why, param);
 }

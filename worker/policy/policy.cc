@@ -283,8 +283,9 @@ std::unique_ptr<EvictionPolicy> make_policy(const PolicyConfig& config, const Po
   if (it == policy_factories().end()) {
     throw Error(ErrorCode::kInvalidArgument, "unknown eviction policy '" + config.name + "'");
   }
-  for (const std::string& why : {policy_unavailable(config.name, shape), prompt_refusal(config, shape.prompt_len)}) {
-    if (!why.empty()) throw Error(ErrorCode::kInvalidArgument, why);
+  // (What the model lacks, each factory checks: policy_unavailable.)
+  if (std::string why = prompt_refusal(config, shape.prompt_len - shape.resumed_tokens); !why.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, why);
   }
   return it->second(config, shape);
 }

@@ -35,6 +35,10 @@ struct PolicyShape {
   int n_group = 1;      // query heads per KV head
   int head_dim = 0;
   int32_t prompt_len = 0;
+  // The last of prompt_len's tokens that were generated before a preemption
+  // and are prefilled again on resuming; the request's own prompt is the
+  // rest (what keep_prompt keeps).
+  int32_t resumed_tokens = 0;
   float attn_scale = 0;  // 1/sqrt(head_dim) unless the model says otherwise
   // The most positions the sequence can reach (prompt + generated), 0 when
   // unknown: state sized by a parameter (the query ring of a `window`) is
@@ -224,7 +228,8 @@ using PolicyFactory = std::unique_ptr<EvictionPolicy> (*)(const PolicyConfig& co
 const std::map<std::string, PolicyFactory>& policy_factories();
 
 // Why the named policy cannot run on the model of this shape (TriAttention
-// without query statistics), or "" when it can. A worker lists these in its
+// without query statistics: "no query statistics beside the model ..."),
+// or "" when it can. A worker lists these in its
 // info, so the coordinator refuses such requests before they reach a step.
 std::string policy_unavailable(const std::string& name, const PolicyShape& shape);
 // Every catalog policy that cannot run on this shape, with why.

@@ -53,7 +53,8 @@ class TriAttentionPolicy final : public EvictionPolicy {
     for (size_t h = 0; h < heads.size(); ++h) {
       const int32_t n = heads[h].n;
       if (n < budget_ + period_) continue;
-      const int32_t n_kept = keep_prompt_ ? std::min(prompt_len(), n) : 0;  // prompt slots come first
+      // The request's prompt slots come first (a resumed sequence's generated tokens compete).
+      const int32_t n_kept = keep_prompt_ ? std::min(prompt_len() - shape().resumed_tokens, n) : 0;
       const int32_t n_candidates = n - n_kept;
       const int32_t k = std::max(budget_ - n_kept, 0);
       if (n_candidates <= k) continue;
@@ -122,16 +123,16 @@ class TriAttentionPolicy final : public EvictionPolicy {
 }  // namespace
 
 std::string triattention_unavailable(const PolicyShape& shape) {
-  if (!shape.query_stats) return "policy triattention: " + shape.query_stats_missing;
+  if (!shape.query_stats) return shape.query_stats_missing;
   const QueryStats& stats = *shape.query_stats;
   const int F = shape.head_dim / 2;
   if (int(shape.rope_inv_freq.size()) != F) {
-    return "policy triattention: needs RoPE on every dimension of the head (" +
+    return "needs RoPE on every dimension of the head (" +
            std::to_string(2 * shape.rope_inv_freq.size()) + " of " + std::to_string(shape.head_dim) + " rotate)";
   }
   const int last_head = (shape.kv_head_offset + shape.n_head_kv) * shape.n_group;
   if (stats.n_layer != shape.n_layer || stats.n_freq != F || stats.n_head < last_head) {
-    return "policy triattention: the query statistics (" + std::to_string(stats.n_layer) + " layers, " +
+    return "the query statistics (" + std::to_string(stats.n_layer) + " layers, " +
            std::to_string(stats.n_head) + " heads, " + std::to_string(stats.n_freq) +
            " frequencies) do not fit this model";
   }
@@ -139,6 +140,9 @@ std::string triattention_unavailable(const PolicyShape& shape) {
 }
 
 std::unique_ptr<EvictionPolicy> make_triattention_policy(const PolicyConfig& config, const PolicyShape& shape) {
+  if (std::string why = triattention_unavailable(shape); !why.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "policy triattention: " + why);
+  }
   return std::make_unique<TriAttentionPolicy>(config, shape);
 }
 

@@ -22,7 +22,9 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <string>
 
+#include "common/error.h"
 #include "common/seeded_random.h"
 #include "kernels/cpu/eviction.h"
 #include "worker/policy/policies.h"
@@ -50,7 +52,9 @@ class VasePolicy final : public EvictionPolicy {
         kernel_(config.get_int("kernel")),
         rank_(config.get_int("rank")),
         sketch_(config.get_int("sketch") != 0),
-        seed_(uint64_t(config.get("seed"))) {}
+        seed_(uint64_t(config.get("seed"))) {
+    if (rank_ > kMaxRank) throw Error(ErrorCode::kInternal, "policy vase: rank above " + std::to_string(kMaxRank));
+  }
 
  protected:
   void select(int layer, std::span<Head> heads, const KvCache& cache, SeqId seq,

@@ -176,6 +176,13 @@ TEST_F(QueryStatsTest, TriAttentionRefusesAPromptThatFillsTheBudget) {
   }
   EXPECT_NO_THROW(make_policy(make_policy_config("triattention", {{"budget", "16"}, {"keep_prompt", "0"}}),
                               policy_shape(*model, 40)));
+  // A sequence resuming after a preemption prefills its generated tokens
+  // again; only the request's own prompt is kept whole.
+  PolicyShape resumed = policy_shape(*model, 20);
+  resumed.resumed_tokens = 10;
+  EXPECT_NO_THROW(make_policy(kept, resumed));
+  resumed.resumed_tokens = 4;
+  EXPECT_THROW(make_policy(kept, resumed), Error);
 }
 
 }  // namespace
