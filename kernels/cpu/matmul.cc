@@ -42,11 +42,12 @@ void check_shape(const WeightMatrix& w) {
 }
 
 // Whether this product runs on the f32 kernels. With int8 activations too for
-// K-quant weights past kInt8KQuantMaxTokens: their integer dots go one (row, token) pair
-// at a time, while the f32 kernels dequantize a row once for every token, and
-// were faster from 3 tokens on (one core, 1024x1536: Q4_K 4 tokens 277 against
-// 341 us, 8 tokens 505 against 684; prefill panels about twice as fast;
-// docs/engine.md).
+// K-quant weights past kInt8KQuantMaxTokens: their integer tiles unpack a
+// row's super-block once per tile of 4 tokens, while the f32 panels
+// dequantize a panel once for the whole chunk, and were faster at 64 tokens
+// (1536x768, 2 threads: Q4_K 1.15 against 1.55-1.90 ms, Q6_K 1.17-1.21
+// against 1.64-1.93); up to 8 tokens the tiles were level or faster
+// (docs/engine.md).
 bool runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
   if (precision == ActivationPrecision::kF32) return true;
   const bool k_quant = w.type == DType::kQ4_K || w.type == DType::kQ6_K;

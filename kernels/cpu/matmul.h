@@ -8,8 +8,8 @@
 // - kInt8: activations are quantized to 8 bits per 32-element block (Q8_0,
 //   Q8_1, Q8_K) and multiplied with integer dot products, as llama.cpp does:
 //   less exact (about 2% of next-token argmaxes flip on SmolLM2). Q4_K and
-//   Q6_K weights take the kF32 path past kInt8KQuantMaxTokens tokens, where
-//   it is faster.
+//   Q6_K weights take the kF32 path past kInt8KQuantMaxTokens tokens (prefill
+//   chunks), where it is faster.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +22,7 @@ namespace lazykv::cpu {
 
 // The most tokens a K-quant product runs with int8 activations; past it the
 // f32 kernels run (matmul.cc).
-inline constexpr int64_t kInt8KQuantMaxTokens = 2;
+inline constexpr int64_t kInt8KQuantMaxTokens = 8;
 
 // A row-major weight matrix: `rows` output features, each a row of `cols`
 // input features stored contiguously in `type`.

@@ -36,8 +36,9 @@ namespace simd {
 bool vec_dot(DType weight_type, int64_t n, const void* weight_row, const void* act_row, float& result);
 
 // Register-tiled dot products for the 32-element block formats (Q4_0, Q4_1,
-// Q8_0): `rows` (1..kTileRows) weight rows against `tokens` (1..kTileTokens)
-// activation rows, each weight block loaded once per tile.
+// Q8_0) and the K-quants (Q4_K, Q6_K): `rows` (1..kTileRows) weight rows
+// against `tokens` (1..kTileTokens) activation rows, each weight block
+// loaded (and a K-quant block unpacked) once per tile.
 // y[t * y_stride + r] = dot(weight row r, activation row t).
 constexpr int kTileRows = 4;
 constexpr int kTileTokens = 4;

@@ -8,6 +8,8 @@
 // block's sum, is subtracted again. Single-token tiles (decode) work on groups
 // of 8 blocks so scales are applied 8 at a time; multi-token tiles (prefill)
 // go block by block, sharing each block's scale work across the tile.
+// K-quant super-blocks (Q4_K, Q6_K against Q8_K) are unpacked once per row
+// and tile, their sub-block scales applied in int16 (maddubs, then madd).
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
 
@@ -255,11 +257,145 @@ void dot_tile_grouped(int64_t nb, const uint8_t* w, size_t ws, const uint8_t* a,
   }
 }
 
+// --- K-quants (AVX2 maddubs; 4- and 6-bit quants never saturate) ------------
+// A weight row's super-block is unpacked once (quants as bytes, scales as
+// int16 vectors) and multiplied with every token of the tile. Each (row,
+// token) pair sums as a one-pair dot would, so a tile's outputs equal
+// vec_dot's bit for bit.
+
+// Q4_K: sub-block j (32 elements) has scale and min j; group g's 32 bytes
+// hold sub-block 2g in the low nibbles and 2g + 1 in the high ones.
+struct Q4kUnpacked {
+  using WeightBlock = BlockQ4_K;
+  __m256i q[8];      // sub-block j's quants as bytes 0..15
+  __m256i scale[8];  // sub-block j's scale in every int16
+  int min[8];
+  float d, dmin;
+
+  void load(const BlockQ4_K& x) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 8; ++j) {
+      int sc;
+      q4k_scale_min(j, x.scales, sc, min[j]);
+      scale[j] = _mm256_set1_epi16(static_cast<int16_t>(sc));
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m256i packed = load256(x.qs + 32 * g);
+      q[2 * g] = _mm256_and_si256(packed, low4);
+      q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+    }
+    d = fp16_to_fp32(x.d);
+    dmin = fp16_to_fp32(x.dmin);
+  }
+  // acc += d·Σ sc·q·y; offset += dmin·Σ min·y (subtracted at the end).
+  void accumulate(const BlockQ8_K& y, __m256& acc, float& offset) const {
+    int sum_mins = 0;
+    for (int j = 0; j < 8; ++j) sum_mins += min[j] * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
+    offset += dmin * y.d * static_cast<float>(sum_mins);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], load256(y.qs + 32 * j)), scale[j]));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+};
+
+// Q6_K: quants stored +32, 0..63 as bytes; 32 elements k of a half take
+// sub-blocks 2k and 2k + 1 (16 each).
+struct Q6kUnpacked {
+  using WeightBlock = BlockQ6_K;
+  __m256i q[8];      // elements 32k..32k+31 of the super-block
+  __m256i scale[8];  // their two sub-blocks' scales: int16 lanes 0-7 and 8-15
+  const int8_t* scales;
+  float d;
+
+  void load(const BlockQ6_K& x) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i low2 = _mm256_set1_epi8(0x03);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i ql0 = load256(x.ql + 64 * half);
+      const __m256i ql1 = load256(x.ql + 64 * half + 32);
+      const __m256i qh = load256(x.qh + 32 * half);
+      __m256i* out = q + 4 * half;
+      out[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4));
+      out[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4));
+      out[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4));
+      out[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4));
+    }
+    for (int k = 0; k < 8; ++k) {
+      scale[k] = _mm256_set_m128i(_mm_set1_epi16(x.scales[2 * k + 1]), _mm_set1_epi16(x.scales[2 * k]));
+    }
+    scales = x.scales;
+    d = fp16_to_fp32(x.d);
+  }
+  // Σ sc·(q-32)·y = Σ sc·q·y - 32·Σ sc·bsum: acc takes the first, offset the second.
+  void accumulate(const BlockQ8_K& y, __m256& acc, float& offset) const {
+    const float dy = d * y.d;
+    int sum_offsets = 0;
+    for (int j = 0; j < 16; ++j) sum_offsets += scales[j] * y.bsums[j];
+    offset += dy * static_cast<float>(32 * sum_offsets);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], load256(y.qs + 32 * k)), scale[k]));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dy), _mm256_cvtepi32_ps(sumi), acc);
+  }
+};
+
+template <class Unpacked, int R, int T>
+void dot_tile_k_quant(int64_t nb, const uint8_t* w, size_t ws, const uint8_t* a, size_t as, float* y, size_t ys) {
+  using WeightBlock = typename Unpacked::WeightBlock;
+  __m256 acc[R][T];
+  float offset[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      offset[r][t] = 0.0f;
+    }
+  }
+  Unpacked u[R];
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const WeightBlock* blk = reinterpret_cast<const WeightBlock*>(w + r * ws) + b;
+      prefetch_ahead<sizeof(WeightBlock)>(blk);
+      u[r].load(*blk);
+    }
+    for (int t = 0; t < T; ++t) {
+      const BlockQ8_K& yb = reinterpret_cast<const BlockQ8_K*>(a + t * as)[b];
+      for (int r = 0; r < R; ++r) u[r].accumulate(yb, acc[r][t], offset[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]) - offset[r][t];
+  }
+}
+
+// One token (decode): row after row, each streamed once, one super-block
+// unpacked at a time instead of a block of every row of the tile.
+template <class Unpacked, int R>
+void dot_rows_k_quant(int64_t nb, const uint8_t* w, size_t ws, const uint8_t* a, size_t as, float* y, size_t ys) {
+  for (int r = 0; r < R; ++r) dot_tile_k_quant<Unpacked, 1, 1>(nb, w + r * ws, ws, a, as, y + r, ys);
+}
+
 using TileFn = void (*)(int64_t, const uint8_t*, size_t, const uint8_t*, size_t, float*, size_t);
+
+// The kernel for R rows x T tokens: one token goes block group by block
+// group (32-element kinds) or row by row (K-quants); more share the blocks.
+template <class Kind, int R, int T>
+constexpr TileFn tile_kernel() {
+  if constexpr (requires { typename Kind::ActBlock; }) {
+    return T == 1 ? &dot_tile_grouped<Kind, R, 1> : &dot_tile_blockwise<Kind, R, T>;
+  } else {
+    return T == 1 ? &dot_rows_k_quant<Kind, R> : &dot_tile_k_quant<Kind, R, T>;
+  }
+}
 
 template <class Kind, int R, int... Ts>
 constexpr void fill_row(TileFn* row, std::integer_sequence<int, Ts...>) {
-  ((row[Ts] = Ts == 0 ? &dot_tile_grouped<Kind, R, 1> : &dot_tile_blockwise<Kind, R, Ts + 1>), ...);
+  ((row[Ts] = tile_kernel<Kind, R, Ts + 1>()), ...);
 }
 
 template <class Kind, int... Rs>
@@ -277,76 +413,8 @@ struct TileTable {
 constexpr TileTable<KindQ4_0> kTilesQ4_0;
 constexpr TileTable<KindQ4_1> kTilesQ4_1;
 constexpr TileTable<KindQ8_0> kTilesQ8_0;
-
-// --- K-quants (AVX2 maddubs; 4- and 6-bit quants never saturate) ------------
-
-float dot_q4_k(int64_t nb, const BlockQ4_K* x, const BlockQ8_K* y) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  float mins_total = 0.0f;
-  for (int64_t i = 0; i < nb; ++i) {
-    prefetch_ahead<sizeof(BlockQ4_K)>(x + i);
-    int scales[8], mins[8];
-    int sum_mins = 0;
-    for (int j = 0; j < 8; ++j) {
-      q4k_scale_min(j, x[i].scales, scales[j], mins[j]);
-      sum_mins += mins[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-    }
-    mins_total += fp16_to_fp32(x[i].dmin) * y[i].d * static_cast<float>(sum_mins);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int g = 0; g < 4; ++g) {
-      const __m256i q = load256(x[i].qs + 32 * g);
-      const __m256i lo = _mm256_and_si256(q, low4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-      const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(y[i].qs + 64 * g)),
-                                             _mm256_set1_epi16(static_cast<int16_t>(scales[2 * g])));
-      const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(y[i].qs + 64 * g + 32)),
-                                             _mm256_set1_epi16(static_cast<int16_t>(scales[2 * g + 1])));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  return hsum(acc) - mins_total;
-}
-
-float dot_q6_k(int64_t nb, const BlockQ6_K* x, const BlockQ8_K* y) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i low2 = _mm256_set1_epi8(0x03);
-  __m256 acc = _mm256_setzero_ps();
-  float offset_total = 0.0f;
-  for (int64_t i = 0; i < nb; ++i) {
-    prefetch_ahead<sizeof(BlockQ6_K)>(x + i);
-    const float d = fp16_to_fp32(x[i].d) * y[i].d;
-    // Quants are stored +32: Σ sc·(q-32)·y = Σ sc·q·y - 32·Σ sc·bsum.
-    int offset = 0;
-    for (int j = 0; j < 16; ++j) offset += x[i].scales[j] * y[i].bsums[j];
-    offset_total += d * static_cast<float>(32 * offset);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int half = 0; half < 2; ++half) {
-      const __m256i ql0 = load256(x[i].ql + 64 * half);
-      const __m256i ql1 = load256(x[i].ql + 64 * half + 32);
-      const __m256i qh = load256(x[i].qh + 32 * half);
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4)),
-          _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4)),
-      };
-      const int8_t* sc = x[i].scales + 8 * half;
-      for (int k = 0; k < 4; ++k) {
-        // Elements 0..15 of this 32 use scale sc[2k], 16..31 use sc[2k+1].
-        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-        const __m256i p = _mm256_maddubs_epi16(q[k], load256(y[i].qs + 128 * half + 32 * k));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
-      }
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  return hsum(acc) - offset_total;
-}
+constexpr TileTable<Q4kUnpacked> kTilesQ4_K;
+constexpr TileTable<Q6kUnpacked> kTilesQ6_K;
 
 // --- float weights against f32 activations -----------------------------------------
 
@@ -413,10 +481,10 @@ bool vec_dot(DType weight_type, int64_t n, const void* w, const void* a, float& 
       kTilesQ8_0.fns[0][0](n / kQK, wb, 0, ab, 0, &result, 1);
       return true;
     case DType::kQ4_K:
-      result = dot_q4_k(n / kQK_K, static_cast<const BlockQ4_K*>(w), static_cast<const BlockQ8_K*>(a));
+      kTilesQ4_K.fns[0][0](n / kQK_K, wb, 0, ab, 0, &result, 1);
       return true;
     case DType::kQ6_K:
-      result = dot_q6_k(n / kQK_K, static_cast<const BlockQ6_K*>(w), static_cast<const BlockQ8_K*>(a));
+      kTilesQ6_K.fns[0][0](n / kQK_K, wb, 0, ab, 0, &result, 1);
       return true;
 #if defined(__AVX512F__)
     case DType::kF32:
@@ -445,7 +513,8 @@ bool vec_dot(DType weight_type, int64_t n, const void* w, const void* a, float& 
 }
 
 bool has_dot_tile(DType weight_type) {
-  return weight_type == DType::kQ4_0 || weight_type == DType::kQ4_1 || weight_type == DType::kQ8_0;
+  return weight_type == DType::kQ4_0 || weight_type == DType::kQ4_1 || weight_type == DType::kQ8_0 ||
+         weight_type == DType::kQ4_K || weight_type == DType::kQ6_K;
 }
 
 void dot_tile(DType weight_type, int64_t n, const uint8_t* weights, size_t weight_stride, int rows,
@@ -455,9 +524,11 @@ void dot_tile(DType weight_type, int64_t n, const uint8_t* weights, size_t weigh
     case DType::kQ4_0: fn = kTilesQ4_0.fns[rows - 1][tokens - 1]; break;
     case DType::kQ4_1: fn = kTilesQ4_1.fns[rows - 1][tokens - 1]; break;
     case DType::kQ8_0: fn = kTilesQ8_0.fns[rows - 1][tokens - 1]; break;
+    case DType::kQ4_K: fn = kTilesQ4_K.fns[rows - 1][tokens - 1]; break;
+    case DType::kQ6_K: fn = kTilesQ6_K.fns[rows - 1][tokens - 1]; break;
     default: return;
   }
-  fn(n / kQK, weights, weight_stride, acts, act_stride, y, y_stride);
+  fn(n / dtype_traits(weight_type).block_elems, weights, weight_stride, acts, act_stride, y, y_stride);
 }
 
 #else  // no x86 SIMD in this build

@@ -415,6 +415,54 @@ TEST_P(QuantDot, ExtremeBlocksDoNotOverflow) {
   EXPECT_NEAR(simd, scalar, 1e-4 * static_cast<double>(n)) << name(t);
 }
 
+// Every tile shape against one-pair dots: the K-quant tiles sum each (row,
+// token) pair exactly as vec_dot does (bit for bit); the 32-element formats'
+// multi-token tiles scale block by block instead of 8 blocks at a time, so
+// they agree to rounding.
+void check_tile_shapes(DType t) {
+  const bool k_quant = testing::is_k_quant(t);
+  const int64_t n = k_quant ? 512 : 96;
+  const DType act = vec_dot_type(t);
+  const size_t w_bytes = row_bytes(t, size_t(n)), a_bytes = row_bytes(act, size_t(n));
+  std::vector<uint8_t> w, a;
+  for (int r = 0; r < simd::kTileRows; ++r) {
+    const auto row = testing::quantize(t, testing::random_floats(size_t(n), 300 + uint32_t(r), 0.3f));
+    w.insert(w.end(), row.begin(), row.end());
+  }
+  for (int k = 0; k < simd::kTileTokens; ++k) {
+    const auto row = testing::quantize(act, testing::random_floats(size_t(n), 400 + uint32_t(k)));
+    a.insert(a.end(), row.begin(), row.end());
+  }
+  for (int rows = 1; rows <= simd::kTileRows; ++rows) {
+    for (int tokens = 1; tokens <= simd::kTileTokens; ++tokens) {
+      std::vector<float> y(size_t(rows * tokens), std::nanf(""));
+      simd::dot_tile(t, n, w.data(), w_bytes, rows, a.data(), a_bytes, tokens, y.data(), size_t(rows));
+      for (int k = 0; k < tokens; ++k) {
+        for (int r = 0; r < rows; ++r) {
+          const float pair = vec_dot(t, n, w.data() + size_t(r) * w_bytes, a.data() + size_t(k) * a_bytes);
+          const float got = y[size_t(k * rows + r)];
+          if (k_quant) {
+            EXPECT_EQ(got, pair) << name(t) << " tile " << rows << "x" << tokens << " row " << r << " token " << k;
+          } else {
+            EXPECT_NEAR(got, pair, 1e-5f * std::fabs(pair) + 1e-4f)
+                << name(t) << " tile " << rows << "x" << tokens << " row " << r << " token " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantDot, EveryTileShapeMatchesVecDot) {
+  int tiled = 0;
+  for (DType t : testing::weight_types()) {
+    if (!simd::has_dot_tile(t)) continue;
+    check_tile_shapes(t);
+    ++tiled;
+  }
+  if (tiled == 0) GTEST_SKIP() << "this build has no SIMD tiles";
+}
+
 INSTANTIATE_TEST_SUITE_P(WeightTypes, QuantDot, ::testing::ValuesIn(testing::weight_types()),
                          [](const auto& info) { return name(info.param); });
 
