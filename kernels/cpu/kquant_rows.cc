@@ -372,11 +372,11 @@ void q6k_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float
 static_assert(kQ4kRowsMaxTokens <= kQ4kSubBlock);
 
 void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
-                     int64_t y_stride, float* scratch) {
+                     int64_t y_stride, float* scratch, KQuantRowsWidth width) {
   if (w.type == DType::kQ4_K) {
     group_sums(x, w.cols, n_tok, scratch);
 #if defined(__AVX512F__)
-    if (n_tok == 1) {
+    if (n_tok == 1 && width == KQuantRowsWidth::kWidest) {
       float* x_lanes = scratch + w.cols / kQ4kSubBlock;
       permute_for_lanes(x, w.cols, x_lanes);
       q4k_rows_one_token(w, r_begin, r_end, x_lanes, scratch, y);
@@ -396,7 +396,8 @@ void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, cons
 #else  // no AVX2: kHaveKQuantRows is false and nothing calls these
 
 namespace lazykv::cpu {
-void kquant_rows_f32(const WeightMatrix&, int64_t, int64_t, const float*, int, float*, int64_t, float*) {}
+void kquant_rows_f32(const WeightMatrix&, int64_t, int64_t, const float*, int, float*, int64_t, float*,
+                     KQuantRowsWidth) {}
 }  // namespace lazykv::cpu
 
 #endif

@@ -45,10 +45,15 @@ inline bool kquant_rows_take(DType type, int n_tok) {
   return type == DType::kQ6_K && n_tok <= kQ6kRowsMaxTokens;
 }
 
+// The vector width of the kernels: the widest this build has (matmul), or
+// 256 bits everywhere, so that AVX-512 builds also test the kernels AVX2
+// machines run.
+enum class KQuantRowsWidth { kWidest, k256 };
+
 // y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and
 // t < n_tok; x is [n_tok][w.cols]; scratch holds 2 * w.cols floats. Only where
 // kquant_rows_take(w.type, n_tok).
 void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
-                     int64_t y_stride, float* scratch);
+                     int64_t y_stride, float* scratch, KQuantRowsWidth width = KQuantRowsWidth::kWidest);
 
 }  // namespace lazykv::cpu
