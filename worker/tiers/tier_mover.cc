@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/random.h"
+#include "common/seeded_random.h"
 #include "kvstore/client/kvstore_client.h"
 #include "kvstore/local_block_store.h"
 
@@ -49,7 +50,9 @@ TierMover::~TierMover() {
 }
 
 size_t TierMover::lane_of(const kvstore::BlockKey& key) {
-  return size_t((key.sequence * 0x9E3779B97F4A7C15ull) ^ (uint64_t(key.layer) << 16) ^ key.kv_head) % kLanes;
+  // (The layer once went in as layer << 16, which no lane index below 2^16
+  // could see: every layer of a head shared one lane.)
+  return size_t(splitmix64_at(key.sequence, (uint64_t(key.layer) << 32) | uint64_t(key.kv_head)) % kLanes);
 }
 
 void TierMover::enqueue(size_t lane, Op op) {

@@ -87,8 +87,12 @@ class TierMover {
   kvstore::TierStoreStats store_stats();
   std::string describe() const { return description_; }
 
- private:
+  // The lane whose thread runs a block's operations, in order; a hash of
+  // the whole key, so one head's layers spread over every lane.
   static constexpr size_t kLanes = 4;
+  static size_t lane_of(const kvstore::BlockKey& key);
+
+ private:
   struct Op {
     std::function<void()> run;
     uint64_t queued_bytes = 0;
@@ -99,7 +103,6 @@ class TierMover {
     bool busy = false;
     std::thread thread;
   };
-  static size_t lane_of(const kvstore::BlockKey& key);
   void enqueue(size_t lane, Op op);
   void loop(Lane& lane);
   bool idle_locked() const;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
 #include <new>
 #include <stdexcept>
 
@@ -66,6 +67,26 @@ TEST(TierMover, AFailureThatIsNotAnErrorFailsOneOperationAndTheThreadsGoOn) {
   EXPECT_TRUE(closed) << "the store must be closed once the tiers turn off";
   EXPECT_EQ(mover.fetch(key, 64, {}), nullptr);
   EXPECT_EQ(mover.store_stats().puts, 0u);
+}
+
+// One head's blocks across the layers run on every lane, not one lane for
+// all of them (calls on a lane are serial, each a round trip to the kvstore);
+// a block's own operations stay on one lane, in order.
+TEST(TierMover, OneHeadsLayersSpreadOverTheLanes) {
+  for (uint64_t seq : {1ull, 2ull, 77ull}) {
+    std::set<size_t> lanes;
+    for (uint32_t layer = 0; layer < 30; ++layer) {
+      kvstore::BlockKey key;
+      key.sequence = seq;
+      key.layer = layer;
+      const size_t lane = TierMover::lane_of(key);
+      ASSERT_LT(lane, TierMover::kLanes);
+      lanes.insert(lane);
+      key.first_position = 64;  // another block of the same (layer, head): the same lane
+      EXPECT_EQ(TierMover::lane_of(key), lane);
+    }
+    EXPECT_EQ(lanes.size(), TierMover::kLanes) << "sequence " << seq;
+  }
 }
 
 }  // namespace
