@@ -247,7 +247,7 @@ def main():
         status, body = http(api + "/v1/chat/completions", ask)
         check(status == 200 and "Paris" in body, f"a greedy chat completion through two ranks answers Paris: {body[:200]}")
 
-        tiers = {"model": model_name, "temperature": 0, "max_tokens": 40,
+        tiers = {"model": model_name, "temperature": 0, "max_tokens": 120,
                  "kv_policy": {"name": "lazy+tiers", "budget": 48, "window": 8, "alpha": 0.001},
                  "messages": [{"role": "user", "content":
                                "Explain step by step why the sum of two odd numbers is always even."}]}

@@ -349,6 +349,9 @@ def main():
           "distributed: the ranks point at the kvstore's control port")
     check(env_value(kv, "LAZYKV_LISTEN") == f"0.0.0.0:{control}" and kv_service["spec"]["clusterIP"] == "None",
           "distributed: the kvstore listens on every interface behind a headless Service (its name is the pod)")
+    # Shared memory's wake-ups do not cross the pods' network namespaces (chart_pods_test measures it).
+    check(env_value(kv, "LAZYKV_TRANSPORTS") == "^shm" and env_value(w, "LAZYKV_KVSTORE_TRANSPORTS") == "^shm",
+          "distributed: the kvstore's data plane leaves shared memory out on both sides")
     check(kvstore["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
           and env_value(kv, "LAZYKV_NVME_PATH") == kv["volumeMounts"][0]["mountPath"],
           "distributed: the NVMe tier lives on its 50Gi claim")
