@@ -69,6 +69,10 @@ void LocalWorker::release_all() {
 std::string LocalWorker::start(const SequenceStart& s) {
   if (seqs_.count(s.seq) > 0) return "sequence " + std::to_string(s.seq) + " is already running";
   if (s.prompt.empty()) return "the prompt is empty";
+  if (s.generated < 0 || size_t(s.generated) >= s.prompt.size()) {
+    return "generated (" + std::to_string(s.generated) + ") must be below the prompt's " +
+           std::to_string(s.prompt.size()) + " tokens";
+  }
   if (int64_t(s.prompt.size()) >= options_.n_ctx) {
     return "prompt of " + std::to_string(s.prompt.size()) + " tokens leaves no room in the context of " +
            std::to_string(options_.n_ctx) + " tokens";

@@ -46,8 +46,8 @@ inline bool kquant_rows_take(DType type, int n_tok) {
 }
 
 // The vector width of the kernels: the widest this build has (matmul), or
-// 256 bits everywhere, so that AVX-512 builds also test the kernels AVX2
-// machines run.
+// 256 bits everywhere, so that AVX-512 builds also test the one-token Q4_K
+// tile AVX2 machines run.
 enum class KQuantRowsWidth { kWidest, k256 };
 
 // y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and

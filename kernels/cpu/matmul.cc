@@ -41,24 +41,24 @@ void check_shape(const WeightMatrix& w) {
   }
 }
 
-// Whether this product runs on the f32 kernels. With int8 activations too for
-// K-quant weights past kInt8KQuantMaxTokens: their integer tiles unpack a
-// row's super-block once per tile of 4 tokens, while the f32 panels
-// dequantize a panel once for the whole chunk, and were faster at 64 tokens
-// (1536x768, 2 threads: Q4_K 1.15 against 1.55-1.90 ms, Q6_K 1.17-1.21
-// against 1.64-1.93); up to 8 tokens the tiles were level or faster
-// (docs/engine.md).
-bool runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
+}  // namespace
+
+// With int8 activations too for K-quant weights past kInt8KQuantMaxTokens:
+// their integer tiles unpack a row's super-block once per tile of 4 tokens,
+// while the f32 panels dequantize a panel once for the whole chunk, and were
+// faster at 64 tokens (1536x768, 2 threads: Q4_K 1.15 against 1.55-1.90 ms,
+// Q6_K 1.17-1.21 against 1.64-1.93); up to 8 tokens the tiles were level or
+// faster (docs/engine.md, "int8 K-quant tiles").
+bool matmul_runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
   if (precision == ActivationPrecision::kF32) return true;
   const bool k_quant = w.type == DType::kQ4_K || w.type == DType::kQ6_K;
-  return k_quant && batch > kInt8KQuantMaxTokens;
+  // Without tiles (no SIMD) int8 K-quants go one pair at a time, slower than f32 from 3 tokens.
+  return k_quant && batch > (simd::has_dot_tile(w.type) ? kInt8KQuantMaxTokens : 2);
 }
-
-}  // namespace
 
 size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads, ActivationPrecision precision) {
   if (batch <= 0) return 0;
-  if (runs_f32(w, batch, precision)) return matmul_f32_scratch_bytes(w, n_threads);
+  if (matmul_runs_f32(w, batch, precision)) return matmul_f32_scratch_bytes(w, n_threads);
   if (vec_dot_type(w.type) == DType::kF32) return 0;  // f32 activations are used in place
   return static_cast<size_t>(batch) * act_row_stride(w);
 }
@@ -67,7 +67,7 @@ void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void
             ActivationPrecision precision) {
   check_shape(w);
   if (batch <= 0 || w.rows == 0) return;  // also keeps the f32 kernels' token count in 1..
-  if (runs_f32(w, batch, precision)) {
+  if (matmul_runs_f32(w, batch, precision)) {
     matmul_f32(w, x, batch, y, static_cast<float*>(scratch), pool);
     return;
   }

@@ -9,7 +9,7 @@
 //   Q8_1, Q8_K) and multiplied with integer dot products, as llama.cpp does:
 //   less exact (about 2% of next-token argmaxes flip on SmolLM2). Q4_K and
 //   Q6_K weights take the kF32 path past kInt8KQuantMaxTokens tokens (prefill
-//   chunks), where it is faster.
+//   chunks, batches of more than 8), where it is faster (matmul_runs_f32).
 #pragma once
 
 #include <cstddef>
@@ -20,8 +20,8 @@
 
 namespace lazykv::cpu {
 
-// The most tokens a K-quant product runs with int8 activations; past it the
-// f32 kernels run (matmul.cc).
+// The most tokens a K-quant product runs with int8 activations where the
+// build has integer tiles (AVX2); past it the f32 kernels run (matmul.cc).
 inline constexpr int64_t kInt8KQuantMaxTokens = 8;
 
 // A row-major weight matrix: `rows` output features, each a row of `cols`
@@ -34,6 +34,10 @@ struct WeightMatrix {
 };
 
 enum class ActivationPrecision { kF32, kInt8 };
+
+// Whether matmul() runs this product on the f32 kernels: always with f32
+// activations; with int8 for K-quant products past their token limit.
+bool matmul_runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision);
 
 // Bytes of scratch matmul() needs for `batch` activation rows against w on a
 // pool of n_threads.

@@ -267,6 +267,7 @@ def main():
           "serve+kvstore: the API key comes from the Secret")
     check(env_value(c, "LAZYKV_KVSTORE") == f"{FULLNAME}-kvstore:7100" and f"{FULLNAME}-kvstore" in by_kind(custom, "Service"),
           "serve+kvstore: serve points at the kvstore's Service")
+    check(env_value(c, "LAZYKV_KVSTORE_TRANSPORTS") == "^shm", "serve+kvstore: no shared memory to the kvstore's pod")
     check(env_value(c, "LAZYKV_MODEL") == "/models/r1.gguf" and c["volumeMounts"][0]["mountPath"] == "/models",
           "serve+kvstore: the model is read from the mounted volume")
     check(env_value(c, "LAZYKV_KV_RECENT") == "32" and env_value(c, "LAZYKV_MAX_BATCH") == "64",

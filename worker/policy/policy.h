@@ -163,6 +163,9 @@ class EvictionPolicy {
 
   // Helpers for subclasses.
   int32_t prompt_len() const { return shape_.prompt_len; }
+  // The request's own prompt: prompt_len() less the generated tokens a
+  // resumed sequence prefills again (what a policy that keeps the prompt keeps).
+  int32_t own_prompt_len() const { return shape_.prompt_len - shape_.resumed_tokens; }
   // True in the end_step of the pass that appended the prompt's last token.
   bool prompt_just_completed() const { return pass_start_ < shape_.prompt_len && pass_end_ >= shape_.prompt_len; }
   // The decode step a position belongs to (0 for prompt positions).

@@ -37,9 +37,9 @@ class RaasPolicy final : public EvictionPolicy {
         if (hd.hits[size_t(i)] != 0) hd.last[size_t(i)] = t;
       }
       if (hd.n <= budget_) continue;
-      // Prompt slots form a prefix (slot order is position order).
+      // The request's prompt slots form a prefix (slot order is position order).
       const std::span<const int32_t> pos = cache.positions(seq, layer, int(h));
-      const int32_t n_prompt = int32_t(std::lower_bound(pos.begin(), pos.end(), prompt_len()) - pos.begin());
+      const int32_t n_prompt = int32_t(std::lower_bound(pos.begin(), pos.end(), own_prompt_len()) - pos.begin());
       const int32_t n_decode = hd.n - n_prompt;
       const int32_t k = std::max(budget_ - n_prompt, 1);
       if (n_decode <= k) continue;

@@ -54,7 +54,7 @@ class TriAttentionPolicy final : public EvictionPolicy {
       const int32_t n = heads[h].n;
       if (n < budget_ + period_) continue;
       // The request's prompt slots come first (a resumed sequence's generated tokens compete).
-      const int32_t n_kept = keep_prompt_ ? std::min(prompt_len() - shape().resumed_tokens, n) : 0;
+      const int32_t n_kept = keep_prompt_ ? std::min(own_prompt_len(), n) : 0;
       const int32_t n_candidates = n - n_kept;
       const int32_t k = std::max(budget_ - n_kept, 0);
       if (n_candidates <= k) continue;

@@ -1,7 +1,9 @@
 // The exact K-quant row kernels (kquant_rows.cc) at each width this build
 // has, against a double-precision dot of the dequantized weights. matmul's
-// tests reach only the widest; AVX2 machines run the 256-bit kernels, which
-// an AVX-512 build would otherwise never test.
+// tests reach only the widest; AVX2 machines run the 256-bit one-token Q4_K
+// kernel, which an AVX-512 build would otherwise never test. (An AVX-512
+// build runs it with AVX-512VL's nibble table; the plain-AVX2 conversion
+// runs only where the build targets AVX2 alone.)
 #include "kernels/cpu/kquant_rows.h"
 
 #include <gtest/gtest.h>

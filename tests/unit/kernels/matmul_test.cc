@@ -50,9 +50,8 @@ void check_matmul(DType type, int64_t rows, int64_t cols, int64_t batch, int thr
   matmul(w, x.data(), batch, y.data(), scratch.data, pool, precision);
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(scratch.data[scratch_bytes + i], 0xA5) << "scratch overrun";
 
-  // K-quant products past kInt8KQuantMaxTokens run on the f32 kernels in int8 mode too.
-  const bool f32_kernels =
-      precision == ActivationPrecision::kF32 || (testing::is_k_quant(type) && batch > kInt8KQuantMaxTokens);
+  // K-quant products past their token limit run on the f32 kernels in int8 mode too.
+  const bool f32_kernels = matmul_runs_f32(w, batch, precision);
   if (f32_kernels) {
     std::vector<float> w_deq(static_cast<size_t>(rows * cols));
     const size_t w_row = row_bytes(type, static_cast<size_t>(cols));

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "tests/unit/step_plans.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"
 
@@ -130,6 +131,23 @@ TEST_F(SchedulerTest, BatchedSequencesEqualEachAloneAndFreeTheirKv) {
   const std::string text = registry.render();
   EXPECT_NE(text.find("lazykv_generation_tokens_total"), std::string::npos);
   EXPECT_GT(registry.counter(metrics::kGenerationTokens).value(), 0);
+}
+
+// A start whose count of generated tokens does not fit its prompt (it comes
+// over the wire) fails that sequence with a clear reason.
+TEST_F(SchedulerTest, AStartWithMoreGeneratedTokensThanItsPromptFails) {
+  LocalWorker worker(*model_, worker_options());
+  for (int32_t generated : {-1, 3, 4}) {
+    StepPlan plan = plan_starting(1, {5, 6, 7});
+    plan.start[0].generated = generated;
+    const StepResult result = worker.step(plan);
+    ASSERT_EQ(result.failed.size(), 1u) << generated;
+    EXPECT_NE(result.failed[0].second.find("must be below the prompt's 3 tokens"), std::string::npos)
+        << result.failed[0].second;
+  }
+  StepPlan fine = plan_starting(1, {5, 6, 7});
+  fine.start[0].generated = 2;
+  EXPECT_TRUE(worker.step(fine).failed.empty());
 }
 
 TEST_F(SchedulerTest, ChunkedPrefillGivesTheSameTokensAndBoundsEveryStep) {
