@@ -30,13 +30,15 @@ inline constexpr bool kHaveKQuantRows = false;  // the generic fused kernels run
 #endif
 
 // The most tokens a call takes, by type: past them matmul_f32.cc's generic
-// fused kernel, which converts each weight once for all the tokens, is the
-// faster one (bench/matmul_bench, BM_MatmulLargerModel on the CI Xeon: this
-// kernel's Q4_K is 2.2x, 1.8x, 1.3x, 0.92x the fused one at 1, 2, 4, 8
-// tokens; its Q6_K 1.3x, 1.1x, 0.97x at 1, 2, 4; measured at 612b65f, before
-// the fused kernel looked nibbles up in a table, so worth measuring again).
-inline constexpr int kQ4kRowsMaxTokens = 4;
-inline constexpr int kQ6kRowsMaxTokens = 2;
+// fused kernel, which converts each weight once for all the tokens, runs.
+// Measured again on a Zen 4 guest (bench/matmul_bench, 2 threads, against
+// the fused kernel with its nibble table): at 8 tokens this kernel's Q4_K
+// is 1.05-1.7x (rows from memory / from cache), its Q6_K 1.5x; at 4 tokens
+// Q6_K 1.3-1.5x; exact decode of 8 sequences of the 1.5B model 1.12-1.17x.
+// (On a Xeon guest at 612b65f, before the fused kernel's table, Q4_K at 8
+// tokens was 0.92x and Q6_K at 4 0.97x: the best cut-off differs by CPU.)
+inline constexpr int kQ4kRowsMaxTokens = 8;
+inline constexpr int kQ6kRowsMaxTokens = 8;
 
 // Whether kquant_rows_f32 takes n_tok tokens of a `type` matrix.
 inline bool kquant_rows_take(DType type, int n_tok) {
