@@ -29,6 +29,7 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
       pool_(options.threads),
       group_(group),
       shard_(model, group.rank(), group.world()),
+      unavailable_policies_(unavailable_policies(policy_shape(shard_, 0))),
       cache_({model.config().n_layer, shard_.config().n_head_kv, model.config().head_dim, 64, options.kv_capacity_bytes}),
       forward_(make_forward_backend(options.device, options.cuda_device, shard_, group_, cache_, pool_,
                                     options.precision, options.cuda_graphs)) {
@@ -52,7 +53,7 @@ WorkerInfo LocalWorker::info() const {
   info.n_group = c.n_group();
   info.rank = group_.rank();
   info.world = group_.world();
-  info.unavailable_policies = unavailable_policies(policy_shape(shard_, 0));
+  info.unavailable_policies = unavailable_policies_;
   return info;
 }
 

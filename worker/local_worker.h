@@ -7,7 +7,9 @@
 // the coordinator uses rank 0's.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <unordered_map>
 
 #include "common/thread_pool.h"
@@ -65,6 +67,8 @@ class LocalWorker final : public StepExecutor {
   ThreadPool pool_;
   TensorParallelGroup& group_;
   ModelShard shard_;
+  // Catalog policies this model cannot run, with why (fixed by the model: found once).
+  std::map<std::string, std::string> unavailable_policies_;
   KvCache cache_;
   std::unique_ptr<ForwardBackend> forward_;
   std::unordered_map<SeqId, Sequence> seqs_;

@@ -36,7 +36,7 @@ class TriAttentionPolicy final : public EvictionPolicy {
         period_(config.get_int("period")),
         keep_prompt_(config.get_int("keep_prompt") != 0),
         stats_(shape.query_stats) {
-    const int F = shape.head_dim / 2;  // make_policy checked triattention_unavailable(shape)
+    const int F = shape.head_dim / 2;  // make_triattention_policy checked triattention_unavailable(shape)
     offset_mean_.resize(size_t(F));
     for (int f = 0; f < F; ++f) {
       std::complex<double> sum = 0.0;
