@@ -200,7 +200,8 @@ check "no key -> 401" test "$(status_of "$url/v1/models")" = 401
 check "wrong key -> 401" test "$(status_of "$url/v1/models" -H 'Authorization: Bearer nope')" = 401
 check "right key -> 200" test "$(status_of "$url/v1/models" -H 'Authorization: Bearer secret-1')" = 200
 check "health needs no key" test "$(status_of "$url/health")" = 200
-stream_to "$work/first" '{"model": "'$model'", "prompt": "Once", "max_tokens": 400, "stream": true, "kv_policy": {"name": "full"}}' \
+# (ignore_eos: a sampled end of text must not end the first request before the second arrives)
+stream_to "$work/first" '{"model": "'$model'", "prompt": "Once", "max_tokens": 400, "ignore_eos": true, "stream": true, "kv_policy": {"name": "full"}}' \
   -H 'Authorization: Bearer secret-1'
 check "a second concurrent request of the key -> 429" test "$(status_of "$url/v1/completions" -H 'Authorization: Bearer secret-1' \
   -H 'Content-Type: application/json' -d '{"model": "'$model'", "prompt": "x", "max_tokens": 1}')" = 429
