@@ -136,11 +136,25 @@ int run_accuracy(const std::vector<std::string>& args) {
   add_tier_flags(flags);
   add_common_flags(flags, "eval_accuracy.json");
   flags.add("dataset", "gsm8k", "data set: gsm8k or math500")
+      .add("instruction", "cot",
+           "after each problem: 'cot' (reason step by step) or 'check' (reason step by step, then check the work: "
+           "longer traces)")
       .add("limit", "0", "problems to use; 0 is all")
       .add("offset", "0", "first problem")
       .add("policies", "all",
            "policies to compare with full KV ('all': every evicting policy); name(param=value,...) sets parameters")
-      .add("budgets", "0.3,0.5,0.7", "KV budgets: < 1 a ratio of each problem's full-KV length, >= 1 slots")
+      .add("budgets", "0.3,0.5,0.7",
+           "KV budgets: < 1 a ratio of each problem's full-KV length, >= 1 slots (with --budget-base generated: "
+           "slots on top of the prompt)")
+      .add("budget-base", "total",
+           "what a budget ratio is of: 'total' (prompt + full-KV answer) or 'generated' (the full-KV answer; the "
+           "prompt is kept, on top of it)")
+      .add("match", "budget",
+           "what is equal across policies at one budget: 'budget' (C, slots after compaction), 'mean' or 'peak' "
+           "(KV slots per head over the answer; C chosen per policy)")
+      .add("loop-window", "0",
+           "stop an answer whose last N tokens repeat a block of at most N/4 tokens (finish \"loop\"); 0: never "
+           "(256 suits long reasoning)")
       .add("max-tokens", "1024", "maximum tokens generated per problem")
       .add("records", "", "also write one JSON line per (configuration, problem) to this file, as each job ends")
       .add_switch("resume", "go on from the --records file of an earlier run of the same settings: reuse its records");
@@ -152,10 +166,18 @@ int run_accuracy(const std::vector<std::string>& args) {
   configure_tiers_from_flags(flags);
   eval::AccuracyOptions options;
   options.dataset = eval::parse_dataset(flags.get("dataset"));
+  options.instruction = eval::parse_instruction(flags.get("instruction"));
   options.policies = eval::parse_policies(flags.get("policies"));
   options.budgets = eval::parse_budgets(flags.get("budgets"));
   options.max_tokens = int32_t(flags.get_int("max-tokens"));
   if (options.max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
+  options.budget_base = eval::parse_budget_base(flags.get("budget-base"));
+  options.match = eval::parse_budget_match(flags.get("match"));
+  const int64_t loop_window = flags.get_int("loop-window");
+  if (loop_window != 0 && (loop_window < 8 || loop_window > (1 << 20))) {
+    throw Error(ErrorCode::kInvalidArgument, "--loop-window must be 0 or in [8, 1048576]");
+  }
+  options.loop_window = int32_t(loop_window);
   const int64_t limit = flags.get_int("limit"), offset = flags.get_int("offset");
   if (limit < 0 || offset < 0) throw Error(ErrorCode::kInvalidArgument, "--limit and --offset must be >= 0");
   std::vector<eval::Problem> all = eval::load_dataset(options.dataset, data_dir(flags));
@@ -172,13 +194,15 @@ int run_accuracy(const std::vector<std::string>& args) {
 
   LoadedModel m = load_model(flags.get("model"));
   std::vector<std::vector<int32_t>> prompts;
-  for (const eval::Problem& p : problems) prompts.push_back(encode_prompt(m, eval::cot_message(p.question), true));
+  for (const eval::Problem& p : problems) {
+    prompts.push_back(encode_prompt(m, eval::cot_message(p.question, options.instruction), true));
+  }
   std::optional<eval::AccuracyRecordLog> records;
   eval::AccuracyResume resume;
   if (!flags.get("records").empty()) {
     records.emplace(flags.get("records"),
                     eval::accuracy_records_header(m.model->config().name, resolve_model_path(flags.get("model")),
-                                                  options.dataset, options.max_tokens, flags.get("activations")),
+                                                  options, flags.get("activations")),
                     flags.get_bool("resume"), problems);
     resume.done = records->resumed();
     resume.on_record = [&records](const eval::AccuracyRecord& r) { records->append(r); };
@@ -190,9 +214,12 @@ int run_accuracy(const std::vector<std::string>& args) {
   eval::BatchRunner runner = make_runner(m, flags);
   const eval::AccuracyReport report = eval::run_accuracy(runner, problems, prompts, options, log_line, resume);
   for (const eval::AccuracyRow& row : report.rows) {
-    std::printf("%-10s budget %-6g accuracy %.4f (%lld/%lld)  mean tokens %.1f  mean peak %.2f MiB\n",
-                row.policy.c_str(), row.budget_ratio, row.accuracy(), static_cast<long long>(row.correct),
-                static_cast<long long>(row.n), row.mean_generated_tokens, row.mean_peak_kv_bytes / (1 << 20));
+    std::printf(
+        "%-10s budget %-6g accuracy %.4f (%lld/%lld)  mean tokens %.1f  KV mean %.2f / peak %.2f MiB  "
+        "at the limit %lld, loops %lld\n",
+        row.policy.c_str(), row.budget_ratio, row.accuracy(), static_cast<long long>(row.correct),
+        static_cast<long long>(row.n), row.mean_generated_tokens, row.mean_kv_bytes / (1 << 20),
+        row.mean_peak_kv_bytes / (1 << 20), static_cast<long long>(row.at_length), static_cast<long long>(row.loops));
   }
   nlohmann::json result =
       eval::accuracy_json(report, m.model->config().name, options, problems.size(), seconds_since(start));

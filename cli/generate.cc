@@ -110,9 +110,12 @@ int run_generate(const std::vector<std::string>& args) {
   std::fprintf(stderr, "[%zu prompt tokens in %.3f s (%.1f tok/s); %lld generated in %.3f s (%.1f tok/s); finish: %s]\n",
                prompt.size(), prefill_s, double(prompt.size()) / prefill_s, static_cast<long long>(generated), decode_s,
                generated > 1 ? double(generated - 1) / decode_s : 0.0, finish.c_str());
-  std::fprintf(stderr, "[kv policy %s: peak %lld slots (%.1f MiB), %lld now, %lld evicted, %.1f ms in the policy]\n",
+  std::fprintf(stderr,
+               "[kv policy %s: peak %lld slots (%.1f MiB), mean %.0f (%.1f MiB), %lld now, %lld evicted, %.1f ms in "
+               "the policy]\n",
                policy_config.to_string().c_str(), static_cast<long long>(policy->peak_slots()),
-               double(policy->peak_slots()) * double(cache.slot_bytes()) / (1 << 20),
+               double(policy->peak_slots()) * double(cache.slot_bytes()) / (1 << 20), policy->mean_slots(),
+               policy->mean_slots() * double(cache.slot_bytes()) / (1 << 20),
                static_cast<long long>(policy->slots()), static_cast<long long>(policy->evicted_slots()),
                policy->policy_seconds() * 1e3);
   if (policy_config.name.ends_with("+tiers")) {

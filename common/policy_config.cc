@@ -18,6 +18,11 @@ PolicyParam budget_param() {
   return {"budget", 512, 1, kMaxSlots, true, "slots kept per KV head after compaction, prompt included"};
 }
 
+PolicyParam keep_prompt_param(double default_value) {
+  return {"keep_prompt", default_value, 0, 1, true,
+          "1: the prompt is never evicted (it counts in the budget); 0: it competes with the generated tokens"};
+}
+
 // Whole numbers in full (a budget limit of 16777216, not 1.67772e+07).
 std::string format_number(double v) {
   std::ostringstream os;
@@ -65,18 +70,19 @@ void check_cross_rules(const PolicyInfo& info, const PolicyConfig& c) {
 
 }  // namespace
 
-// Each row: name, summary, parameters, then the parameters below budget and
-// the ones that must be odd.
+// Each row: name, summary, parameters, then the parameters below budget, the
+// ones that must be odd, and the one counting the newest slots kept.
 const std::vector<PolicyInfo>& policy_catalog() {
   static const std::vector<PolicyInfo> catalog = {
-      {"full", "no eviction: every token stays cached", {}, {}, {}},
+      {"full", "no eviction: every token stays cached", {}, {}, {}, ""},
       {"lazy",
        "LazyEviction: lagged eviction by each token's recurrence interval",
        {budget_param(),
         {"window", 128, 1, kMaxSlots, true, "observation window = protected recent slots = eviction period W"},
         {"alpha", 1e-4, 0, 1, false, "attention probability that counts as a hit"},
-        {"per_query_head", 0, 0, 1, true, "1: track and select per query head (GQA expanded), as the reference"}},
-       {"window"}, {}},
+        {"per_query_head", 0, 0, 1, true, "1: track and select per query head (GQA expanded), as the reference"},
+        keep_prompt_param(0)},
+       {"window"}, {}, "window"},
       {"lazy+tiers",
        "LazyEviction whose evicted recurring tokens are demoted to the host/NVMe tiers and promoted back",
        {budget_param(),
@@ -84,42 +90,49 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"alpha", 1e-4, 0, 1, false, "attention probability that counts as a hit"},
         {"promote", 16, 0, kMaxSlots, true, "most slots promoted per KV head at one eviction step"},
         {"fetch", 4, 0, 1024, true, "most demoted blocks fetched per KV head at one eviction step"},
-        {"probe", 1, 0, 1, true, "1: also promote by a query probe against the blocks' key bounds"}},
-       {"window"}, {}},
+        {"probe", 1, 0, 1, true, "1: also promote by a query probe against the blocks' key bounds"},
+        keep_prompt_param(0)},
+       {"window"}, {}, "window"},
       {"streaming",
        "StreamingLLM: attention sinks plus a recent window",
-       {budget_param(), {"sinks", 4, 0, kMaxSlots, true, "first tokens always kept"}},
-       {"sinks"}, {}},
+       {budget_param(), {"sinks", 4, 0, kMaxSlots, true, "first tokens always kept"}, keep_prompt_param(0)},
+       {"sinks"}, {}, ""},
       {"h2o",
        "H2O: heavy hitters by accumulated attention plus a recent window, evicting every step",
-       {budget_param(), {"recent", 0, 0, kMaxSlots, true, "recent slots always kept; 0 is half the budget"}},
-       {"recent"}, {}},
+       {budget_param(), {"recent", 0, 0, kMaxSlots, true, "recent slots always kept; 0 is half the budget"},
+        keep_prompt_param(0)},
+       {"recent"}, {}, "recent"},
       {"tova", "TOVA: the current query's attention averaged over the layer's heads, one top-k per layer",
-       {budget_param()}, {}, {}},
+       {budget_param(), keep_prompt_param(0)}, {}, {}, ""},
       {"snapkv",
        "SnapKV: pooled attention of the last queries, at prefill and every `period` decode steps",
        {budget_param(),
         {"window", 32, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
         {"kernel", 5, 1, 63, true, "max-pooling kernel (odd)"},
-        {"period", 128, 0, kMaxSlots, true, "decode steps between compressions; 0 is prefill only"}},
+        {"period", 128, 0, kMaxSlots, true, "decode steps between compressions; 0 is prefill only"},
+        keep_prompt_param(0)},
        {"window"},
-       {"kernel"}},
+       {"kernel"},
+       "window"},
       {"rkv",
        "R-KV: importance from the last queries minus key redundancy, every `period` steps",
        {budget_param(),
         {"period", 128, 1, kMaxSlots, true, "decode steps between compressions"},
         {"window", 8, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
         {"kernel", 7, 1, 63, true, "max-pooling kernel (odd)"},
-        {"lambda", 0.1, 0, 1, false, "weight of importance against redundancy"}},
+        {"lambda", 0.1, 0, 1, false, "weight of importance against redundancy"},
+        keep_prompt_param(0)},
        {"window"},
-       {"kernel"}},
+       {"kernel"},
+       "window"},
       {"raas",
        "RaaS: timestamps refreshed by attention >= alpha, the oldest evicted, prompt kept",
-       {budget_param(), {"alpha", 1e-4, 0, 1, false, "attention probability that refreshes a timestamp"}}, {}, {}},
+       {budget_param(), {"alpha", 1e-4, 0, 1, false, "attention probability that refreshes a timestamp"}}, {}, {}, ""},
       {"caote",
        "CAOTE: per KV head, a recent window plus the slots whose eviction would move the current attention output most",
-       {budget_param(), {"recent", 32, 0, kMaxSlots, true, "recent slots always kept (0: none, the paper's criterion alone)"}},
-       {"recent"}, {}},
+       {budget_param(), {"recent", 32, 0, kMaxSlots, true, "recent slots always kept (0: none, the paper's criterion alone)"},
+        keep_prompt_param(0)},
+       {"recent"}, {}, "recent"},
       {"obcache",
        "OBCache: per KV head, a recent window plus the slots whose pruning moves the attention outputs most, "
        "accumulated over queries",
@@ -127,8 +140,9 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"recent", 32, 0, kMaxSlots, true, "recent slots always kept; also the prompt queries scored (0: none kept, last query scored)"},
         {"accumulate", 1, 0, 1, true,
          "1: sum over queries (the prompt's last max(recent, 1), then every decode query), as H2O; "
-         "0: the current query only, as TOVA"}},
-       {"recent"}, {}},
+         "0: the current query only, as TOVA"},
+        keep_prompt_param(0)},
+       {"recent"}, {}, "recent"},
       {"vase",
        "VaSE: value-aware stochastic eviction: the largest value ranges and the sinks reserved, the rest sampled "
        "by pooled window attention (or, with sketch=1, kept by a fresh random sketch), every `window` slots",
@@ -141,16 +155,18 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"kernel", 5, 1, 63, true, "average-pooling kernel over the attention scores (odd, zero-padded)"},
         {"sketch", 0, 0, 1, true, "1: VaSE-DKV, keep the top |kG|^2 |vG|^2 for a fresh Gaussian G (no queries, no reserve)"},
         {"rank", 20, 1, 256, true, "columns of the Gaussian sketch G (sketch=1)"},
-        {"seed", 0, 0, 4294967295.0, true, "random stream: the same seed gives the same evictions"}},
+        {"seed", 0, 0, 4294967295.0, true, "random stream: the same seed gives the same evictions"},
+        keep_prompt_param(0)},
        {"window", "sinks"},
-       {"kernel"}},
+       {"kernel"},
+       "window"},
       {"triattention",
        "TriAttention: keys ranked by the logit that calibrated pre-RoPE query centres will give them at future "
        "positions (needs the model's query statistics: lazykv calibrate)",
        {budget_param(),
         {"period", 128, 1, kMaxSlots, true, "compress when a KV head holds budget + period slots"},
-        {"keep_prompt", 1, 0, 1, true, "1: the prompt is never evicted; 0: it competes with the generated tokens"}},
-       {}, {}},
+        keep_prompt_param(1)},
+       {}, {}, ""},
   };
   return catalog;
 }
@@ -237,12 +253,23 @@ PolicyConfig make_policy_config(const nlohmann::json& spec) {
   return make_policy_config(spec["name"].get<std::string>(), params);
 }
 
+int32_t recent_slots(const PolicyConfig& config) {
+  const std::string& param = find_policy(config.name).recent;
+  if (param.empty()) return 0;
+  const int32_t recent = config.get_int(param);
+  return config.name == "h2o" && recent == 0 ? config.budget() / 2 : recent;
+}
+
 std::string prompt_refusal(const PolicyConfig& config, int64_t prompt_len) {
   const auto keep = config.params.find("keep_prompt");
-  if (keep == config.params.end() || keep->second == 0 || prompt_len < config.budget()) return "";
-  return "policy " + config.name + ": the prompt (" + std::to_string(prompt_len) + " tokens) fills the budget (" +
-         std::to_string(config.budget()) +
-         ") and keep_prompt=1 keeps all of it, so nothing generated could stay; raise the budget or set keep_prompt=0";
+  if (keep == config.params.end() || keep->second == 0) return "";
+  const int32_t recent = recent_slots(config);
+  if (prompt_len + recent < config.budget()) return "";
+  const std::string held = recent > 0 ? " and the " + std::to_string(recent) + " newest slots it always keeps" : "";
+  return "policy " + config.name + ": the prompt (" + std::to_string(prompt_len) + " tokens)" + held +
+         (recent > 0 ? " fill" : " fills") + " the budget (" + std::to_string(config.budget()) +
+         ") and keep_prompt=1 keeps all of the prompt, so nothing generated could be chosen; raise the budget or set "
+         "keep_prompt=0";
 }
 
 }  // namespace lazykv

@@ -33,6 +33,10 @@ struct PolicyInfo {
   // Rules between values, beyond each parameter's range:
   std::vector<std::string> below_budget;  // parameters that must be smaller than budget
   std::vector<std::string> odd;           // parameters that must be odd (pooling kernels)
+  // The parameter counting the newest slots every compaction keeps (a
+  // window or recent window), or empty: with keep_prompt=1 the prompt and
+  // these must leave room in the budget for a scored slot.
+  std::string recent;
 };
 
 // Every policy lazykv offers, in documentation order.
@@ -60,9 +64,14 @@ inline PolicyConfig make_policy_config(const char* name) { return make_policy_co
 // From {"name": ..., "<param>": value, ...}.
 PolicyConfig make_policy_config(const nlohmann::json& spec);
 
+// The newest slots a compaction of this policy always keeps (its row's
+// `recent` parameter; h2o's recent 0 is half the budget).
+int32_t recent_slots(const PolicyConfig& config);
+
 // Why the policy cannot run a prompt of prompt_len tokens, or "" when it can.
 // A policy whose keep_prompt parameter is 1 never evicts the prompt, so the
-// prompt must leave room in the budget for what is generated. The coordinator
+// prompt and the policy's recent slots must leave room in the budget for a
+// slot chosen by its score. The coordinator
 // asks before admitting a request (a 400, not a failed step); the engine asks
 // again when it builds the policy.
 std::string prompt_refusal(const PolicyConfig& config, int64_t prompt_len);

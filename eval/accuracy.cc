@@ -18,6 +18,8 @@ AccuracyRecord make_record(size_t problem, const Job& job, const JobResult& resu
   r.budget_slots = job.policy.budget();
   r.generated_tokens = int64_t(result.tokens.size());
   r.peak_kv_bytes = result.peak_kv_bytes;
+  r.mean_kv_bytes = result.mean_kv_bytes;
+  r.tiers = result.tiers;
   r.finish = result.finish;
   r.error = result.error;
   if (result.ok()) {
@@ -31,17 +33,25 @@ AccuracyRow summarize(const std::string& policy, double ratio, const std::vector
   AccuracyRow row;
   row.policy = policy;
   row.budget_ratio = ratio;
-  double tokens = 0, bytes = 0;
+  double tokens = 0, peak_bytes = 0, mean_bytes = 0;
+  int64_t with_mean = 0;  // records written before the mean KV was kept have none (0)
   for (const AccuracyRecord* r : records) {
     ++row.n;
     row.correct += r->correct ? 1 : 0;
+    row.at_length += r->finish == "length" ? 1 : 0;
+    row.loops += r->finish == "loop" ? 1 : 0;
     tokens += double(r->generated_tokens);
-    bytes += double(r->peak_kv_bytes);
+    row.generated += r->generated_tokens;
+    row.tiers += r->tiers;
+    peak_bytes += double(r->peak_kv_bytes);
+    mean_bytes += r->mean_kv_bytes;
+    with_mean += r->mean_kv_bytes > 0 ? 1 : 0;
     row.max_peak_kv_bytes = std::max(row.max_peak_kv_bytes, r->peak_kv_bytes);
   }
   if (row.n > 0) {
     row.mean_generated_tokens = tokens / double(row.n);
-    row.mean_peak_kv_bytes = bytes / double(row.n);
+    row.mean_peak_kv_bytes = peak_bytes / double(row.n);
+    row.mean_kv_bytes = with_mean ? mean_bytes / double(with_mean) : 0.0;
   }
   return row;
 }
@@ -98,6 +108,7 @@ AccuracyReport run_accuracy(BatchRunner& runner, const std::vector<Problem>& pro
     job.prompt = prompts[i];
     job.policy = make_policy_config(std::string("full"));
     job.max_new_tokens = options.max_tokens;
+    job.loop_window = options.loop_window;
     jobs.push_back(std::move(job));
     keys.emplace_back(i, 0);
   }
@@ -119,11 +130,12 @@ AccuracyReport run_accuracy(BatchRunner& runner, const std::vector<Problem>& pro
         keep(std::move(r));
         continue;
       }
-      const int64_t total = int64_t(prompts[i].size()) + full.generated_tokens;
       Job job;
       job.prompt = prompts[i];
-      job.policy = grid_policy_config(name, budget_slots(budget, total));
+      job.policy = problem_policy_config(name, budget, options.budget_base, options.match, int32_t(prompts[i].size()),
+                                         full.generated_tokens);
       job.max_new_tokens = options.max_tokens;
+      job.loop_window = options.loop_window;
       jobs.push_back(std::move(job));
       keys.emplace_back(i, c);
     }
@@ -149,6 +161,8 @@ nlohmann::json accuracy_json(const AccuracyReport& report, const std::string& mo
                              const AccuracyOptions& options, size_t n_problems, double wall_s) {
   nlohmann::json rows = nlohmann::json::array();
   for (const AccuracyRow& row : report.rows) {
+    nlohmann::json tiers;
+    if (tiered_spec(row.policy)) tiers = tier_counters_json(row.tiers, double(row.generated));
     rows.push_back({{"policy", row.policy},
                     {"budget_ratio", row.budget_ratio},
                     {"accuracy", row.accuracy()},
@@ -156,13 +170,21 @@ nlohmann::json accuracy_json(const AccuracyReport& report, const std::string& mo
                     {"n", row.n},
                     {"mean_generated_tokens", row.mean_generated_tokens},
                     {"mean_peak_kv_bytes", row.mean_peak_kv_bytes},
-                    {"max_peak_kv_bytes", row.max_peak_kv_bytes}});
+                    {"max_peak_kv_bytes", row.max_peak_kv_bytes},
+                    {"mean_kv_bytes", row.mean_kv_bytes},
+                    {"at_length", row.at_length},
+                    {"loops", row.loops}});
+    if (!tiers.is_null()) rows.back()["tiers"] = tiers;
   }
   return {{"kind", "accuracy"},
           {"dataset", dataset_name(options.dataset)},
+          {"instruction", instruction_name(options.instruction)},
           {"model", model_name},
           {"n", n_problems},
           {"max_tokens", options.max_tokens},
+          {"budget_base", budget_base_name(options.budget_base)},
+          {"match", budget_match_name(options.match)},
+          {"loop_window", options.loop_window},
           {"param_rule", kParamRule},
           {"results", rows},
           {"wall_s", wall_s}};

@@ -1,7 +1,9 @@
 // Task accuracy under eviction: every problem is answered greedily with the
 // full cache, then with each (policy, budget), the budget a ratio of that
-// problem's full-cache length (prompt + full generation). A long run can be
-// stopped and resumed: records of an earlier run are reused, not run again.
+// problem's full-cache length (prompt + full generation, or the generation
+// alone with the prompt kept), held equal as the budget C or as the mean or
+// peak KV (eval/policy_grid.h). A long run can be stopped and resumed:
+// records of an earlier run are reused, not run again.
 #pragma once
 
 #include <cstdint>
@@ -14,14 +16,19 @@
 #include "eval/answers.h"
 #include "eval/batch_runner.h"
 #include "eval/datasets.h"
+#include "eval/policy_grid.h"
 
 namespace lazykv::eval {
 
 struct AccuracyOptions {
   Dataset dataset = Dataset::kGsm8k;
+  Instruction instruction = Instruction::kCot;  // what the caller's prompts ask (reported, and named in records)
   std::vector<std::string> policies;  // evicting policies
   std::vector<double> budgets;        // ratios (< 1) of each problem's full length, or absolute slots
   int32_t max_tokens = 1024;
+  BudgetBase budget_base = BudgetBase::kTotal;
+  BudgetMatch match = BudgetMatch::kBudget;
+  int32_t loop_window = 0;  // Job::loop_window of every job
 };
 
 // One problem answered by one configuration.
@@ -34,8 +41,10 @@ struct AccuracyRecord {
   std::optional<std::string> prediction;
   bool correct = false;
   int64_t peak_kv_bytes = 0;
-  std::string finish;
-  std::string error;  // the job could not run (counted as wrong)
+  double mean_kv_bytes = 0;  // time-averaged (JobResult::mean_kv_bytes); 0 in records written before it
+  TierCounters tiers;        // what a tiered policy moved (zero otherwise)
+  std::string finish;        // "stop", "length", "loop" or "error"
+  std::string error;         // the job could not run (counted as wrong)
 };
 
 struct AccuracyRow {
@@ -46,6 +55,11 @@ struct AccuracyRow {
   double mean_generated_tokens = 0;
   double mean_peak_kv_bytes = 0;
   int64_t max_peak_kv_bytes = 0;
+  double mean_kv_bytes = 0;  // the mean of the answers' time-averaged KV bytes (over those that have it)
+  int64_t at_length = 0;     // answers that ran to max_tokens
+  int64_t loops = 0;         // answers stopped in a repeating cycle
+  TierCounters tiers;        // summed over the answers
+  int64_t generated = 0;     // tokens generated over the answers
 
   double accuracy() const { return n ? double(correct) / double(n) : 0; }
 };

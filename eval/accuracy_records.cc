@@ -25,6 +25,17 @@ AccuracyRecord record_from_json(const nlohmann::json& j, size_t problem) {
   r.correct = j.at("correct").get<bool>();
   r.generated_tokens = j.at("generated_tokens").get<int64_t>();
   r.peak_kv_bytes = j.at("peak_kv_bytes").get<int64_t>();
+  r.mean_kv_bytes = j.value("mean_kv_bytes", 0.0);  // absent from records written before it was kept
+  if (j.contains("tiers")) {
+    const nlohmann::json& t = j.at("tiers");
+    r.tiers.tiers_available = t.at("available").get<bool>();
+    r.tiers.demoted_slots = t.at("demoted_slots").get<int64_t>();
+    r.tiers.demoted_bytes = t.at("bytes_demoted").get<int64_t>();
+    r.tiers.promoted_slots = t.at("promoted_slots").get<int64_t>();
+    r.tiers.promotion_hits = t.at("promotion_hits").get<int64_t>();
+    r.tiers.fetched_bytes = t.at("bytes_fetched").get<int64_t>();
+    r.tiers.fetch_waits = t.at("fetch_waits").get<int64_t>();
+  }
   r.finish = j.at("finish").get<std::string>();
   if (j.contains("error")) r.error = j.at("error").get<std::string>();
   return r;
@@ -32,8 +43,8 @@ AccuracyRecord record_from_json(const nlohmann::json& j, size_t problem) {
 
 }  // namespace
 
-nlohmann::json accuracy_records_header(const std::string& model, const std::string& model_path, Dataset dataset,
-                                       int32_t max_tokens, const std::string& activations) {
+nlohmann::json accuracy_records_header(const std::string& model, const std::string& model_path,
+                                       const AccuracyOptions& options, const std::string& activations) {
   namespace fs = std::filesystem;
   // A GGUF file's size, or a Hugging Face directory's files' total.
   uintmax_t bytes = 0;
@@ -46,13 +57,20 @@ nlohmann::json accuracy_records_header(const std::string& model, const std::stri
     bytes = fs::file_size(model_path, ec);
     if (ec) bytes = 0;
   }
-  return {{"kind", "accuracy_records"},
-          {"model", model},
-          {"model_file", fs::path(model_path).filename().string()},
-          {"model_bytes", bytes},
-          {"dataset", dataset_name(dataset)},
-          {"max_tokens", max_tokens},
-          {"activations", activations}};
+  nlohmann::json header = {{"kind", "accuracy_records"},
+                           {"model", model},
+                           {"model_file", fs::path(model_path).filename().string()},
+                           {"model_bytes", bytes},
+                           {"dataset", dataset_name(options.dataset)},
+                           {"max_tokens", options.max_tokens},
+                           {"activations", activations}};
+  // Settings added later are named only when they differ from what every
+  // earlier run used, so that those runs' files still resume.
+  if (options.instruction != Instruction::kCot) header["instruction"] = instruction_name(options.instruction);
+  if (options.budget_base != BudgetBase::kTotal) header["budget_base"] = budget_base_name(options.budget_base);
+  if (options.match != BudgetMatch::kBudget) header["match"] = budget_match_name(options.match);
+  if (options.loop_window != 0) header["loop_window"] = options.loop_window;
+  return header;
 }
 
 nlohmann::json accuracy_record_json(const AccuracyRecord& record, const std::vector<Problem>& problems) {
@@ -66,7 +84,9 @@ nlohmann::json accuracy_record_json(const AccuracyRecord& record, const std::vec
                       {"correct", record.correct},
                       {"generated_tokens", record.generated_tokens},
                       {"peak_kv_bytes", record.peak_kv_bytes},
+                      {"mean_kv_bytes", record.mean_kv_bytes},
                       {"finish", record.finish}};
+  if (tiered_spec(record.policy)) j["tiers"] = tier_counters_json(record.tiers, double(record.generated_tokens));
   if (!record.error.empty()) j["error"] = record.error;
   return j;
 }
@@ -96,12 +116,17 @@ AccuracyRecordLog::AccuracyRecordLog(const std::string& path, const nlohmann::js
         if (j.value("kind", "") != "accuracy_records") {
           throw bad_line(path, 1, "not a records file of lazykv eval accuracy (no accuracy_records header)");
         }
-        for (const auto& [field, value] : header.items()) {
-          if (!j.contains(field) || j[field] != value) {
-            throw Error(ErrorCode::kInvalidArgument,
-                        "--resume: " + path + " was written with " + field + " " +
-                            (j.contains(field) ? j[field].dump() : std::string("unset")) + ", this run has " +
-                            value.dump() + "; give another --records file or the same settings");
+        // Both ways: a setting only one of the two headers names differs too.
+        nlohmann::json fields = header;
+        fields.update(j);
+        for (const auto& [field, ignored] : fields.items()) {
+          const auto named = [&](const nlohmann::json& h) {
+            return h.contains(field) ? h[field].dump() : std::string("unset");
+          };
+          if (named(j) != named(header)) {
+            throw Error(ErrorCode::kInvalidArgument, "--resume: " + path + " was written with " + field + " " +
+                                                         named(j) + ", this run has " + named(header) +
+                                                         "; give another --records file or the same settings");
           }
         }
         continue;

@@ -15,11 +15,12 @@
 namespace lazykv::eval {
 
 // The first line of a records file: what a resumed run must share with the
-// run that wrote the file, since it changes the answers. The model is named
-// by its name and by its file (name and size: two quantizations of one model
+// run that wrote the file, since it changes the answers (the data set, the
+// token limit, how budgets are set, the loop stop). The model is named by
+// its name and by its file (name and size: two quantizations of one model
 // share the name).
-nlohmann::json accuracy_records_header(const std::string& model, const std::string& model_path, Dataset dataset,
-                                       int32_t max_tokens, const std::string& activations);
+nlohmann::json accuracy_records_header(const std::string& model, const std::string& model_path,
+                                       const AccuracyOptions& options, const std::string& activations);
 
 // One record line: the problem's id and gold answer, the configuration and
 // the outcome.

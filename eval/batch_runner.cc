@@ -1,7 +1,9 @@
 #include "eval/batch_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "common/error.h"
 #include "worker/forward.h"
@@ -12,6 +14,29 @@
 namespace lazykv::eval {
 namespace {
 
+// Whether the newest `window` tokens repeat one block of at most window / 4
+// tokens: per period p, the run of tokens equal to the one p before; the
+// last window tokens have period p when that run reaches window - p.
+class LoopDetector {
+ public:
+  explicit LoopDetector(int32_t window) : window_(window), runs_(size_t(std::max(window / 4, 0) + 1), 0) {}
+
+  // After tokens.back() was appended.
+  bool looping(const std::vector<int32_t>& tokens) {
+    const size_t n = tokens.size();
+    bool loop = false;
+    for (size_t p = 1; p < runs_.size(); ++p) {
+      runs_[p] = n > p && tokens[n - 1] == tokens[n - 1 - p] ? runs_[p] + 1 : 0;
+      loop = loop || runs_[p] >= window_ - int32_t(p);
+    }
+    return loop;
+  }
+
+ private:
+  int32_t window_;
+  std::vector<int32_t> runs_;  // [period]
+};
+
 // One running job.
 struct Active {
   size_t job = 0;
@@ -21,6 +46,7 @@ struct Active {
   int32_t next = 0;      // the next decode token
   bool prefill = true;   // the prompt is not cached yet
   bool done = false;
+  LoopDetector loop{0};
 };
 
 // Why a job cannot run, or empty.
@@ -41,6 +67,18 @@ std::string check_job(const Job& job, int32_t steps, int32_t n_ctx, int32_t n_vo
 }
 
 }  // namespace
+
+nlohmann::json tier_counters_json(const TierCounters& t, double tokens) {
+  return {{"available", t.tiers_available},
+          {"demoted_slots", t.demoted_slots},
+          {"promoted_slots", t.promoted_slots},
+          {"promotion_hits", t.promotion_hits},
+          {"promotion_hit_rate", t.promoted_slots ? double(t.promotion_hits) / double(t.promoted_slots) : 0.0},
+          {"bytes_demoted", t.demoted_bytes},
+          {"bytes_fetched", t.fetched_bytes},
+          {"fetch_waits", t.fetch_waits},
+          {"bytes_moved_per_token", double(t.demoted_bytes + t.fetched_bytes) / std::max(tokens, 1.0)}};
+}
 
 BatchRunner::BatchRunner(const Model& model, const Tokenizer& tokenizer, const BatchRunnerOptions& options)
     : model_(model),
@@ -109,6 +147,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       a.job = j;
       a.policy = std::move(policy);
       a.steps = steps;
+      a.loop = LoopDetector(job.forced.empty() ? job.loop_window : 0);
       active.push_back(std::move(a));
     }
     if (active.empty()) continue;
@@ -153,10 +192,13 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
         ++a.pos;
       }
       const bool stop = job.forced.empty() && !job.ban_eos && tokenizer_.is_end_of_generation(token);
-      if (stop || int32_t(result.tokens.size()) == a.steps) {
-        result.finish = stop ? "stop" : "length";
+      const bool loop = !stop && a.loop.looping(result.tokens);
+      if (stop || loop || int32_t(result.tokens.size()) == a.steps) {
+        result.finish = stop ? "stop" : loop ? "loop" : "length";
         result.peak_slots = a.policy->peak_slots();
         result.peak_kv_bytes = a.policy->peak_slots() * int64_t(cache.slot_bytes());
+        result.mean_slots = a.policy->mean_slots();
+        result.mean_kv_bytes = a.policy->mean_slots() * double(cache.slot_bytes());
         result.evicted_slots = a.policy->evicted_slots();
         result.policy_seconds = a.policy->policy_seconds();
         result.tiers = a.policy->tier_counters();

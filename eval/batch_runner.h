@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ struct Job {
   // end-of-generation are ignored).
   std::vector<int32_t> forced;
   bool ban_eos = false;  // never pick an end-of-generation token: the text runs on to the length
+  // Stop with finish "loop" once the last loop_window sampled tokens repeat
+  // one block of at most loop_window / 4 tokens (0: never); greedy decoding
+  // that has entered such a cycle stays in it to the length.
+  int32_t loop_window = 0;
   // Admitted only once no other job is running: the jobs from here up to the
   // next such job (at most a batch of them) then start, step and, when they
   // have equal lengths, finish together.
@@ -36,10 +41,12 @@ struct Job {
 
 struct JobResult {
   std::vector<int32_t> tokens;  // generated (or forced) tokens, a final end-of-generation token included
-  std::string finish;           // "stop", "length" or "error"
+  std::string finish;           // "stop", "length", "loop" or "error"
   std::string error;            // why the job failed (empty when it ran)
   int64_t peak_slots = 0;       // over all layers and cache heads
   int64_t peak_kv_bytes = 0;    // peak_slots * slot bytes
+  double mean_slots = 0;        // time-averaged over the passes that sampled a token (EvictionPolicy::mean_slots)
+  double mean_kv_bytes = 0;     // mean_slots * slot bytes
   int64_t evicted_slots = 0;
   double policy_seconds = 0;
   TierCounters tiers;           // what a tiered policy moved (zero otherwise)
@@ -66,6 +73,10 @@ using LogitsCallback = std::function<void(size_t job, int32_t index, std::span<c
 // After each finished (or failed) job: its index and result, then the jobs
 // done so far and the total.
 using ProgressCallback = std::function<void(size_t job, const JobResult& result, size_t done, size_t total)>;
+
+// What tiered jobs moved, as the reports write it: counts, the promotion hit
+// rate, and bytes moved (demoted + fetched) per token over `tokens` tokens.
+nlohmann::json tier_counters_json(const TierCounters& t, double tokens);
 
 class BatchRunner {
  public:

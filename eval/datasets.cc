@@ -106,7 +106,20 @@ std::vector<std::string> load_prompts(const std::string& path) {
   return prompts;
 }
 
-std::string cot_message(const std::string& problem) {
+Instruction parse_instruction(const std::string& name) {
+  if (name == "cot") return Instruction::kCot;
+  if (name == "check") return Instruction::kCheck;
+  throw Error(ErrorCode::kInvalidArgument, "--instruction: '" + name + "' is not cot or check");
+}
+
+const char* instruction_name(Instruction instruction) { return instruction == Instruction::kCot ? "cot" : "check"; }
+
+std::string cot_message(const std::string& problem, Instruction instruction) {
+  if (instruction == Instruction::kCheck) {
+    return problem +
+           "\nPlease reason step by step. Then check your work: go over every step again, verify each calculation, "
+           "and fix any mistake you find. Put your final answer within \\boxed{}.";
+  }
   return problem + "\nPlease reason step by step, and put your final answer within \\boxed{}.";
 }
 

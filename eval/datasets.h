@@ -31,8 +31,14 @@ std::vector<Problem> load_math500(const std::string& path);
 // Prompts from a JSONL file of {"prompt": "..."} objects (same errors).
 std::vector<std::string> load_prompts(const std::string& path);
 
-// The user message for a problem: the problem, then the chain-of-thought
-// instruction asking for a \boxed{} answer.
-std::string cot_message(const std::string& problem);
+// The instruction after each problem: plain chain of thought, or chain of
+// thought that checks its work (longer traces: the long-reasoning regime).
+enum class Instruction { kCot, kCheck };
+Instruction parse_instruction(const std::string& name);  // "cot" or "check"
+const char* instruction_name(Instruction instruction);
+
+// The user message for a problem: the problem, then the instruction asking
+// for a \boxed{} answer.
+std::string cot_message(const std::string& problem, Instruction instruction = Instruction::kCot);
 
 }  // namespace lazykv::eval

@@ -171,16 +171,7 @@ FidelityReport run_fidelity(BatchRunner& runner, const std::vector<std::vector<i
     FidelityConfigResult& c = configs[job_config[j]];
     c.peak_kv_bytes = std::max(c.peak_kv_bytes, results[j].peak_kv_bytes);
     c.policy_seconds += results[j].policy_seconds;
-    const TierCounters& t = results[j].tiers;
-    c.tiers.demoted_slots += t.demoted_slots;
-    c.tiers.demoted_bytes += t.demoted_bytes;
-    c.tiers.promoted_slots += t.promoted_slots;
-    c.tiers.promoted_bytes += t.promoted_bytes;
-    c.tiers.promotion_hits += t.promotion_hits;
-    c.tiers.fetched_blocks += t.fetched_blocks;
-    c.tiers.fetched_bytes += t.fetched_bytes;
-    c.tiers.fetch_waits += t.fetch_waits;
-    c.tiers.tiers_available = c.tiers.tiers_available && t.tiers_available;
+    c.tiers += results[j].tiers;
   }
 
   // 3. Speed: each configuration alone over the start of the first continuation.
@@ -225,20 +216,7 @@ nlohmann::json fidelity_json(const FidelityReport& report, const std::string& mo
                        {"full_peak_kv_bytes", c.full_peak_kv_bytes},
                        {"decode_tok_s", c.decode_tok_s},
                        {"policy_seconds", c.policy_seconds}});
-    if (c.policy.name.ends_with("+tiers")) {
-      const TierCounters& t = c.tiers;
-      const double positions = double(std::max<int64_t>(c.positions, 1));
-      configs.back()["tiers"] = {
-          {"available", t.tiers_available},
-          {"demoted_slots", t.demoted_slots},
-          {"promoted_slots", t.promoted_slots},
-          {"promotion_hits", t.promotion_hits},
-          {"promotion_hit_rate", t.promoted_slots ? double(t.promotion_hits) / double(t.promoted_slots) : 0.0},
-          {"bytes_demoted", t.demoted_bytes},
-          {"bytes_fetched", t.fetched_bytes},
-          {"fetch_waits", t.fetch_waits},
-          {"bytes_moved_per_token", double(t.demoted_bytes + t.fetched_bytes) / positions}};
-    }
+    if (c.policy.name.ends_with("+tiers")) configs.back()["tiers"] = tier_counters_json(c.tiers, double(c.positions));
   }
   return {{"kind", "fidelity"},
           {"model", model_name},

@@ -7,16 +7,19 @@
 #include <utility>
 
 #include "common/error.h"
+#include "eval/kv_occupancy.h"
 
 namespace lazykv::eval {
 
 const char* const kParamRule =
-    "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. "
-    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv, vase `window`; caote, obcache `recent`) is min(catalog default, "
-    "max(1, budget / 4)), so "
-    "that at least three quarters of the budget is chosen by the policy's score; streaming keeps its 4 sinks and "
-    "h2o its half-budget recent window. A window-like value set in a --policies spec, name(param=value), is kept "
-    "unless it is not below the budget; then it is max(1, budget / 4) too.";
+    "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. With the "
+    "prompt kept (budget base 'generated') the base is the answer alone, the prompt's P slots come on top, every "
+    "policy has keep_prompt=1, and S below is budget - P (else S is the budget). "
+    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv, vase `window`; caote, obcache `recent`) is "
+    "min(catalog default, max(1, S / 4)), so that at least three quarters of S is chosen by the policy's score; "
+    "streaming keeps its 4 sinks and h2o its half-budget recent window (with the prompt kept, max(1, S / 2)). A "
+    "window-like value set in a --policies spec, name(param=value), is kept unless it is not below S; then it is "
+    "max(1, S / 4) too.";
 
 int32_t budget_slots(double budget, int64_t base) {
   if (budget < 1) return std::max<int32_t>(8, int32_t(std::llround(budget * double(base))));
@@ -55,17 +58,23 @@ bool window_like(const std::string& param) { return param == "window" || param =
 
 }  // namespace
 
-PolicyConfig grid_policy_config(const std::string& spec, int32_t budget) {
+PolicyConfig grid_policy_config(const std::string& spec, int32_t budget, int32_t kept_prompt) {
   const auto [name, given] = split_spec(spec);
   if (name == "full") return make_policy_config(std::string("full"), given);
   std::map<std::string, std::string> params = {{"budget", std::to_string(budget)}};
+  // What the window rule divides: the budget, less a kept prompt.
+  const int32_t scored = std::max(1, budget - kept_prompt);
   for (const PolicyInfo& info : policy_catalog()) {
     if (info.name != name) continue;
     for (const PolicyParam& p : info.params) {
       if (p.name == "window" || ((name == "caote" || name == "obcache") && p.name == "recent")) {
-        params[p.name] = std::to_string(std::min(int32_t(p.default_value), std::max(1, budget / 4)));
-      } else if (p.name == "sinks" && p.default_value >= budget) {
-        params[p.name] = std::to_string(std::max(1, budget / 4));
+        params[p.name] = std::to_string(std::min(int32_t(p.default_value), std::max(1, scored / 4)));
+      } else if (p.name == "sinks" && p.default_value >= scored) {
+        params[p.name] = std::to_string(std::max(1, scored / 4));
+      } else if (p.name == "keep_prompt" && kept_prompt > 0) {
+        params[p.name] = std::to_string(1);  // (a literal trips a GCC 12 -Wrestrict false positive)
+      } else if (name == "h2o" && p.name == "recent" && kept_prompt > 0) {
+        params[p.name] = std::to_string(std::max(1, scored / 2));  // 0 would be half of the whole budget
       }
     }
   }
@@ -75,9 +84,61 @@ PolicyConfig grid_policy_config(const std::string& spec, int32_t budget) {
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
     const bool number = end != value.c_str() && *end == '\0';
-    params[key] = window_like(key) && number && v >= budget ? std::to_string(std::max(1, budget / 4)) : value;
+    if (name == "h2o" && key == "recent" && number && v == 0 && kept_prompt > 0) continue;  // half, as above
+    params[key] = window_like(key) && number && v >= scored ? std::to_string(std::max(1, scored / 4)) : value;
   }
   return make_policy_config(name, params);  // throws for an unknown name or parameter
+}
+
+bool tiered_spec(const std::string& spec) { return split_spec(spec).first.ends_with("+tiers"); }
+
+BudgetBase parse_budget_base(const std::string& text) {
+  if (text == "total") return BudgetBase::kTotal;
+  if (text == "generated") return BudgetBase::kGenerated;
+  throw Error(ErrorCode::kInvalidArgument, "--budget-base: '" + text + "' is not total or generated");
+}
+
+BudgetMatch parse_budget_match(const std::string& text) {
+  if (text == "budget") return BudgetMatch::kBudget;
+  if (text == "mean") return BudgetMatch::kMean;
+  if (text == "peak") return BudgetMatch::kPeak;
+  throw Error(ErrorCode::kInvalidArgument, "--match: '" + text + "' is not budget, mean or peak");
+}
+
+const char* budget_base_name(BudgetBase base) { return base == BudgetBase::kTotal ? "total" : "generated"; }
+
+const char* budget_match_name(BudgetMatch match) {
+  return match == BudgetMatch::kBudget ? "budget" : match == BudgetMatch::kMean ? "mean" : "peak";
+}
+
+PolicyConfig problem_policy_config(const std::string& spec, double budget, BudgetBase base, BudgetMatch match,
+                                   int32_t prompt_len, int64_t generated) {
+  const bool kept = base == BudgetBase::kGenerated;
+  const int64_t target = kept ? prompt_len + budget_slots(budget, generated)
+                              : budget_slots(budget, int64_t(prompt_len) + generated);
+  const int32_t kept_prompt = kept ? prompt_len : 0;
+  const auto at = [&](int64_t c) { return grid_policy_config(spec, int32_t(c), kept_prompt); };
+  if (match == BudgetMatch::kBudget || split_spec(spec).first == "full") return at(target);
+  // Budgets the policy accepts for this prompt grow upward from the smallest.
+  const auto accepts = [&](int64_t c) { return prompt_refusal(at(c), prompt_len).empty(); };
+  const auto slots = [&](int64_t c) {
+    const KvOccupancy o = kv_occupancy(at(c), prompt_len, int32_t(std::max<int64_t>(generated, 1)));
+    return match == BudgetMatch::kMean ? o.mean : double(o.peak);
+  };
+  // Past P + G no budget evicts within the answer: every larger C holds the same.
+  const int64_t top = std::max<int64_t>(target, int64_t(prompt_len) + generated + 1);
+  if (!accepts(top)) return at(target);  // refused at any budget: the job reports why
+  int64_t lo = 8, hi = top;
+  while (lo < hi) {  // the smallest accepted budget (acceptance only grows with C)
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (accepts(mid)) hi = mid; else lo = mid + 1;
+  }
+  // The occupancy does not always grow with C (a window that follows C moves
+  // the next multiple of it), so the largest fitting C is found by a scan.
+  for (int64_t c = top; c > lo; --c) {
+    if (slots(c) <= double(target)) return at(c);
+  }
+  return at(lo);
 }
 
 std::vector<std::string> split_list(const std::string& text) {

@@ -22,8 +22,36 @@ int32_t budget_slots(double budget, int64_t base);
 // Window-like parameters (lazy/snapkv/rkv "window", caote/obcache "recent",
 // streaming "sinks") follow kParamRule: catalog defaults, or the spec's
 // values, unless too large for the budget. `full` ignores the budget; a spec
-// may not set `budget` (the grid does) or have empty parentheses.
-PolicyConfig grid_policy_config(const std::string& spec, int32_t budget);
+// may not set `budget` (the grid does) or have empty parentheses. With
+// kept_prompt > 0 the policy keeps the prompt (keep_prompt=1 unless the spec
+// says otherwise; raas always does) and the rule applies to what the prompt
+// leaves of the budget (h2o's recent window is half of that).
+PolicyConfig grid_policy_config(const std::string& spec, int32_t budget, int32_t kept_prompt = 0);
+
+// What a --budgets value is a ratio of: the full-cache length (prompt plus
+// the full-cache answer), or the full-cache answer alone, with the prompt
+// kept and counted in the budget on top (the LazyEviction paper's setting).
+enum class BudgetBase { kTotal, kGenerated };
+// What is held equal across policies at one budget value: the budget C
+// (slots after a compaction), or the mean or the peak slots per cache head
+// over the full-cache answer's length (C chosen per policy, eval/kv_occupancy.h).
+enum class BudgetMatch { kBudget, kMean, kPeak };
+BudgetBase parse_budget_base(const std::string& text);  // "total" or "generated"
+BudgetMatch parse_budget_match(const std::string& text);  // "budget", "mean" or "peak"
+const char* budget_base_name(BudgetBase base);
+const char* budget_match_name(BudgetMatch match);
+
+// The policy of `spec` at budget value `budget` for a problem of prompt_len
+// prompt tokens whose full-cache answer has `generated` tokens. The target
+// is budget_slots(budget, P + G) slots (kTotal) or P + budget_slots(budget,
+// G) (kGenerated); kBudget makes it C; kMean / kPeak choose the largest C
+// whose modelled mean / peak is at most the target (the smallest C the
+// policy accepts when none is).
+PolicyConfig problem_policy_config(const std::string& spec, double budget, BudgetBase base, BudgetMatch match,
+                                   int32_t prompt_len, int64_t generated);
+
+// True for a spec of a policy that moves KV between tiers (lazy+tiers).
+bool tiered_spec(const std::string& spec);
 
 // "a,b(x=1,y=2),c" -> {"a", "b(x=1,y=2)", "c"}: commas inside parentheses
 // do not split; empty items are dropped.

@@ -25,13 +25,16 @@ def fidelity(d):
 
 
 def accuracy(d):
-    rows = ["| policy | budget | accuracy | correct / n | mean generated tokens | mean peak KV MiB | max peak KV MiB |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["Budgets of the %s length, equal %s." % (d.get("budget_base", "total"), d.get("match", "budget")), "",
+            "| policy | budget | accuracy | correct / n | mean generated tokens | mean KV MiB | mean peak KV MiB | "
+            "max peak KV MiB | at the token limit | loops |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["results"]:
         budget = "—" if r["policy"] == "full" else "%g" % r["budget_ratio"]
-        rows.append("| %s | %s | %.3f | %d / %d | %.1f | %s | %s |" % (
+        rows.append("| %s | %s | %.3f | %d / %d | %.1f | %s | %s | %s | %s | %s |" % (
             r["policy"], budget, r["accuracy"], r["correct"], r["n"], r["mean_generated_tokens"],
-            mib(r["mean_peak_kv_bytes"]), mib(r["max_peak_kv_bytes"])))
+            mib(r["mean_kv_bytes"]) if "mean_kv_bytes" in r else "—", mib(r["mean_peak_kv_bytes"]),
+            mib(r["max_peak_kv_bytes"]), r.get("at_length", "—"), r.get("loops", "—")))
     return "\n".join(rows)
 
 

@@ -44,16 +44,16 @@ F32 = np.float32
 # Defaults and names from policy_catalog (common/policy_config.cc).
 DEFAULTS = {
     "full": {},
-    "lazy": {"budget": 512, "window": 128, "alpha": 1e-4, "per_query_head": 0},
-    "streaming": {"budget": 512, "sinks": 4},
-    "h2o": {"budget": 512, "recent": 0},
-    "tova": {"budget": 512},
-    "snapkv": {"budget": 512, "window": 32, "kernel": 5, "period": 128},
-    "rkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1},
+    "lazy": {"budget": 512, "window": 128, "alpha": 1e-4, "per_query_head": 0, "keep_prompt": 0},
+    "streaming": {"budget": 512, "sinks": 4, "keep_prompt": 0},
+    "h2o": {"budget": 512, "recent": 0, "keep_prompt": 0},
+    "tova": {"budget": 512, "keep_prompt": 0},
+    "snapkv": {"budget": 512, "window": 32, "kernel": 5, "period": 128, "keep_prompt": 0},
+    "rkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1, "keep_prompt": 0},
     "raas": {"budget": 512, "alpha": 1e-4},
-    "caote": {"budget": 512, "recent": 32},
-    "obcache": {"budget": 512, "recent": 32, "accumulate": 1},
-    "vase": {"budget": 512, "window": 64, "large": 0.25, "sinks": 4, "kernel": 5, "sketch": 0, "rank": 20, "seed": 0},
+    "caote": {"budget": 512, "recent": 32, "keep_prompt": 0},
+    "obcache": {"budget": 512, "recent": 32, "accumulate": 1, "keep_prompt": 0},
+    "vase": {"budget": 512, "window": 64, "large": 0.25, "sinks": 4, "kernel": 5, "sketch": 0, "rank": 20, "seed": 0, "keep_prompt": 0},
     "triattention": {"budget": 512, "period": 128, "keep_prompt": 1},
 }
 
@@ -221,21 +221,29 @@ class Replay:
         self.queries[h] = sorted(self.queries[h], key=lambda e: e[0])[-w:]
 
     # --- selection helpers ---
+    def kept_prompt(self):
+        """Prompt slots a keep_prompt policy never evicts (they lead the slot order)."""
+        return self.P if self.p.get("keep_prompt", 0) else 0
+
     def keep_top(self, scores, n_candidates, n, k, what, ties_by=None, infinite_apart=False):
-        kept = top_k_older_first(scores[:n_candidates], k)
-        check_margin(scores[:n_candidates], kept, what, infinite_apart=infinite_apart)
-        if 0 < len(kept) < n_candidates:
+        # The kept prompt leads and counts in k; the rest compete by score.
+        lead = min(self.kept_prompt(), n_candidates)
+        scores, ties_by = scores[lead:n_candidates], (ties_by[lead:n_candidates] if ties_by else None)
+        m = n_candidates - lead
+        kept = top_k_older_first(scores, k - lead)
+        check_margin(scores, kept, what, infinite_apart=infinite_apart)
+        if 0 < len(kept) < m:
             cut = min(float(scores[i]) for i in kept)
-            dropped_max = max(float(scores[i]) for i in range(n_candidates) if i not in set(kept))
+            dropped_max = max(float(scores[i]) for i in range(m) if i not in set(kept))
             if cut == dropped_max:
                 self.saw_tie_at_cut = True
                 if ties_by is not None:
                     # Equal scores must come from identical integer state, or
                     # the other implementation might not see a tie.
-                    ids = {ties_by[i] for i in range(n_candidates) if float(scores[i]) == cut}
+                    ids = {ties_by[i] for i in range(m) if float(scores[i]) == cut}
                     if len(ids) > 1 and cut != 0.0:
                         raise Ambiguous(f"{what}: equal scores from different state")
-        return kept + list(range(n_candidates, n))
+        return list(range(lead)) + [lead + i for i in kept] + list(range(n_candidates, n))
 
     def recent_probs(self, h):
         """Probabilities of the remembered queries, each with its own causal mask."""
@@ -316,7 +324,7 @@ class Replay:
                     hd.keep(self.keep_top(scores, n - W, n, C - W, f"lazy t={t}", ties_by=ids))
             return
         if name == "streaming":
-            C, S = p["budget"], p["sinks"]
+            C, S = p["budget"], max(p["sinks"], self.kept_prompt())  # a kept prompt is the sinks
             for hd in self.heads:
                 n = len(hd.pos)
                 if n > C:
@@ -515,9 +523,13 @@ class Replay:
             weights = avg_pool1d((acc / F32(max(len(self.queries[h]), 1))).astype(F32), p["kernel"])
             spread = (values.max(axis=1) - values.min(axis=1)).astype(F32)
             spread[:S] = np.inf
-            n_large = min(max(int(math.floor(p["large"] * C)), S), K)  # the sinks always fit
-            reserved = top_k_older_first(spread, n_large)
-            check_margin(spread, reserved, f"vase range t={t}", infinite_apart=True)
+            # A kept prompt (kept by keep_top) is outside the reserve, which is
+            # `large` of what the prompt leaves of the budget.
+            lead = min(self.kept_prompt(), nc)
+            n_large = min(max(int(math.floor(p["large"] * (C - lead))), S - lead), K - lead)  # the sinks always fit
+            reserved = top_k_older_first(spread[lead:], n_large)
+            check_margin(spread[lead:], reserved, f"vase range t={t}", infinite_apart=True)
+            reserved = [lead + i for i in reserved]
             stream = vase_stream(p["seed"], 0, h, t)
             keys = np.empty(nc, dtype=F32)
             for i in range(nc):
@@ -736,6 +748,9 @@ def cases():
         trace, expected = pair
         if min_evictions:
             assert evictions(expected) >= min_evictions, f"{stem}: only {evictions(expected)} evictions"
+        if trace["policy"].get("keep_prompt"):
+            P = len(trace["prompt_keys"][0])
+            assert all(set(range(P)) <= set(kept) for st in expected["steps"] for kept in st["kept"]), stem
         out.append((stem, trace, expected))
 
     add("full_random1", generate(100, {"name": "full"}, 8, 40))
@@ -793,6 +808,24 @@ def cases():
     add("vase_long_prompt", generate(1110, dict(vase, budget=10, window=4, large=0.5, kernel=5, seed=3), 14, 50,
                                      prompt_queries=True), 8)
     add("vase_sketch", generate(1120, dict(vase, sketch=1, rank=4, seed=5), 8, 70), 10)
+
+    # keep_prompt=1: the prompt stays whatever its scores, the rest compete
+    # for what the prompt and the recent slots leave of the budget.
+    add("lazy_keep_prompt", generate(1300, {"name": "lazy", "budget": 14, "window": 3, "alpha": 0.05,
+                                            "keep_prompt": 1}, 6, 60), 10)
+    add("streaming_keep_prompt", generate(1310, {"name": "streaming", "budget": 12, "sinks": 2, "keep_prompt": 1},
+                                          7, 40), 10)
+    add("h2o_keep_prompt", generate(1320, {"name": "h2o", "budget": 14, "recent": 3, "keep_prompt": 1}, 6, 50,
+                                    prompt_queries=True), 10)
+    add("tova_keep_prompt", generate(1330, {"name": "tova", "budget": 12, "keep_prompt": 1}, 7, 50,
+                                     prompt_queries=True), 10)
+    add("snapkv_keep_prompt", generate(1340, dict(snap, budget=14, keep_prompt=1), 6, 60, prompt_queries=True), 5)
+    add("rkv_keep_prompt", generate(1350, dict(rkv, budget=14, keep_prompt=1), 6, 60, prompt_queries=True), 5)
+    add("caote_keep_prompt", generate(1360, {"name": "caote", "budget": 12, "recent": 3, "keep_prompt": 1}, 6, 50),
+        10)
+    add("obcache_keep_prompt", generate(1370, {"name": "obcache", "budget": 12, "recent": 3, "keep_prompt": 1}, 6, 50,
+                                        prompt_queries=True), 10)
+    add("vase_keep_prompt", generate(1380, dict(vase, budget=14, keep_prompt=1), 6, 70), 10)
 
     tri = {"name": "triattention", "budget": 12, "period": 4, "keep_prompt": 1}
     add("triattention_random1", generate(1200, tri, 6, 70), 10)

@@ -135,6 +135,26 @@ assert lines[0]["kind"] == "accuracy_records" and lines[0]["max_tokens"] == 24, 
 recs = lines[1:]
 assert len(recs) == 4 and all("prediction" in x and "gold" in x for x in recs), recs
 ' "$tmp/acc.json" "$tmp/acc.jsonl"; then pass "eval accuracy JSON"; else fail "eval accuracy JSON"; fi
+# The paper's budgets (a ratio of the answer, the prompt kept on top) and
+# policies matched at equal peak KV; every row says where its answers stopped.
+expect_exit 0 "eval accuracy, generated base, equal peak" "$lazykv" eval accuracy --model "$model" --dataset gsm8k \
+  --data-dir "$eval_data" --limit 1 --max-tokens 24 --policies lazy,h2o --budgets 0.5 --budget-base generated \
+  --match peak --loop-window 16 --output "$tmp/acc_peak.json"
+if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["budget_base"] == "generated" and d["match"] == "peak" and d["loop_window"] == 16, d
+r = d["results"]
+assert [x["policy"] for x in r] == ["full", "lazy", "h2o"], r
+for x in r:
+    assert 0 < x["mean_kv_bytes"] <= x["mean_peak_kv_bytes"], x
+    assert x["at_length"] + x["loops"] <= x["n"], x
+assert r[1]["mean_peak_kv_bytes"] <= r[0]["mean_peak_kv_bytes"], r
+' "$tmp/acc_peak.json"; then pass "eval accuracy at equal peak JSON"; else fail "eval accuracy at equal peak JSON"; fi
+expect_exit 2 "eval accuracy bad --match" "$lazykv" eval accuracy --model "$model" --data-dir "$eval_data" --limit 1 \
+  --match avg
+expect_in "$tmp/err" "--match: 'avg' is not budget, mean or peak" "bad --match explained"
+
 # --resume: a run stopped after one record goes on from the file, runs only
 # what is missing and reports what the whole run reported.
 head -n 2 "$tmp/acc.jsonl" >"$tmp/part.jsonl"
@@ -191,15 +211,15 @@ expect_in "$tmp/err" "valid policies" "eval unknown policy lists the valid ones"
 # Eviction policies from the command line: the summary reports the bounded peak.
 expect_exit 0 "generate with lazy" "$lazykv" generate --model "$model" --chat --prompt "Count from 1 to 30." \
   --max-tokens 80 --kv-policy lazy --kv-budget 48 --kv-window 16
-expect_in "$tmp/err" "kv policy lazy(alpha=0.0001,budget=48,per_query_head=0,window=16)" "lazy policy summary"
+expect_in "$tmp/err" "kv policy lazy(alpha=0.0001,budget=48,keep_prompt=0,per_query_head=0,window=16)" "lazy policy summary"
 expect_exit 0 "generate with caote" "$lazykv" generate --model "$model" --chat --prompt "Count from 1 to 30." \
   --max-tokens 80 --kv-policy caote --kv-budget 48 --kv-recent 8
-expect_in "$tmp/err" "kv policy caote(budget=48,recent=8)" "caote policy summary"
+expect_in "$tmp/err" "kv policy caote(budget=48,keep_prompt=0,recent=8)" "caote policy summary"
 expect_exit 2 "caote recent not below budget" "$lazykv" generate --model "$model" --prompt hi --kv-policy caote --kv-budget 16
 expect_in "$tmp/err" "recent (32) must be smaller than budget (16)" "caote recent rule explained"
 expect_exit 0 "generate with obcache" "$lazykv" generate --model "$model" --chat --prompt "Count from 1 to 30." \
   --max-tokens 80 --kv-policy obcache --kv-budget 48 --kv-recent 8 --kv-accumulate 0
-expect_in "$tmp/err" "kv policy obcache(accumulate=0,budget=48,recent=8)" "obcache policy summary"
+expect_in "$tmp/err" "kv policy obcache(accumulate=0,budget=48,keep_prompt=0,recent=8)" "obcache policy summary"
 expect_exit 2 "obcache accumulate out of range" "$lazykv" generate --model "$model" --prompt hi --kv-policy obcache \
   --kv-budget 64 --kv-accumulate 2
 expect_in "$tmp/err" "accumulate" "obcache accumulate range named"

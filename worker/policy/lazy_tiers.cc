@@ -318,7 +318,7 @@ class LazyTiersPolicy final : public EvictionPolicy {
     std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
       return a.rank != b.rank ? a.rank < b.rank : (a.block != b.block ? a.block < b.block : a.slot < b.slot);
     });
-    const int32_t room = std::max(0, std::min(promote_, budget_ - window_));
+    const int32_t room = std::max(0, std::min(promote_, budget_ - window_ - kept_prompt_len()));
     if (int32_t(candidates.size()) > room) candidates.resize(size_t(room));
     Pending& p = ht.pending;
     for (const Candidate& c : candidates) {

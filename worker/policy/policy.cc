@@ -53,6 +53,7 @@ EvictionPolicy::EvictionPolicy(PolicyConfig config, const PolicyShape& shape, in
     throw Error(ErrorCode::kInvalidArgument, "policy " + config_.name + ": invalid model shape");
   }
   if (shape_.attn_scale == 0) shape_.attn_scale = 1.0f / std::sqrt(float(shape.head_dim));
+  keep_prompt_ = config_.params.contains("keep_prompt") && config_.get("keep_prompt") != 0;
   // A ring longer than the sequence would only hold the same queries.
   if (shape.max_len > 0) needs_.keep_queries = std::min(needs_.keep_queries, shape.max_len);
   heads_.resize(size_t(shape.n_layer) * size_t(heads_per_layer));
@@ -102,6 +103,10 @@ void EvictionPolicy::begin_step(int32_t start_pos, int32_t n_new) {
   }
   slots_ += int64_t(n_new) * int64_t(heads_.size());
   peak_slots_ = std::max(peak_slots_, slots_.load());
+  if (pass_end_ >= shape_.prompt_len) {  // this pass's last row samples a token
+    attended_slot_sum_ += slots_.load();
+    ++sampling_passes_;
+  }
 }
 
 void EvictionPolicy::point_stats(Head& h) const {
@@ -211,10 +216,13 @@ bool EvictionPolicy::append_slots(int layer, int h, KvCache& cache, SeqId seq, s
 
 void EvictionPolicy::keep_top(const float* scores, int32_t n_candidates, int32_t n, int32_t k,
                               std::vector<int32_t>& keep, std::vector<int32_t>& index) {
-  k = std::clamp(k, 0, n_candidates);
+  const int32_t lead = std::min(kept_prompt_len(), n_candidates);
+  k = std::clamp(k, lead, n_candidates);
   keep.resize(size_t(k + (n - n_candidates)));
-  index.resize(size_t(n_candidates));
-  cpu::top_k_slots(scores, n_candidates, k, keep.data(), index.data());
+  index.resize(size_t(n_candidates - lead));
+  for (int32_t s = 0; s < lead; ++s) keep[size_t(s)] = s;
+  cpu::top_k_slots(scores + lead, n_candidates - lead, k - lead, keep.data() + lead, index.data());
+  for (int32_t i = lead; i < k; ++i) keep[size_t(i)] += lead;
   for (int32_t s = n_candidates; s < n; ++s) keep[size_t(k + s - n_candidates)] = s;
 }
 

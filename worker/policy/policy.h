@@ -74,6 +74,20 @@ struct TierCounters {
   int64_t fetched_blocks = 0, fetched_bytes = 0;  // brought back, promoted or not
   int64_t fetch_waits = 0;      // eviction steps that waited for a block still in flight
   bool tiers_available = true;
+
+  // Sums over sequences (available only when every sequence had tiers).
+  TierCounters& operator+=(const TierCounters& o) {
+    demoted_slots += o.demoted_slots;
+    demoted_bytes += o.demoted_bytes;
+    promoted_slots += o.promoted_slots;
+    promoted_bytes += o.promoted_bytes;
+    promotion_hits += o.promotion_hits;
+    fetched_blocks += o.fetched_blocks;
+    fetched_bytes += o.fetched_bytes;
+    fetch_waits += o.fetch_waits;
+    tiers_available = tiers_available && o.tiers_available;
+    return *this;
+  }
 };
 
 class EvictionPolicy {
@@ -113,6 +127,13 @@ class EvictionPolicy {
   // --- reports ---
   int64_t slots() const { return slots_.load(); }  // over all layers and heads
   int64_t peak_slots() const { return peak_slots_; }
+  // Time-averaged occupancy: the mean, over the passes that sampled a token
+  // (the prompt's last pass and every decode step), of the slots their
+  // attention saw. With the peak, the two memory figures budgets are
+  // compared by.
+  double mean_slots() const {
+    return sampling_passes_ ? double(attended_slot_sum_) / double(sampling_passes_) : 0.0;
+  }
   int64_t evicted_slots() const { return evicted_.load(); }
   // CPU seconds spent in end_step (statistics upkeep, scoring, selection,
   // compaction), summed over layers even when they run in parallel.
@@ -170,8 +191,12 @@ class EvictionPolicy {
   bool prompt_just_completed() const { return pass_start_ < shape_.prompt_len && pass_end_ >= shape_.prompt_len; }
   // The decode step a position belongs to (0 for prompt positions).
   int32_t step_of(int32_t pos) const { return pos < shape_.prompt_len ? 0 : pos - shape_.prompt_len + 1; }
+  // The prompt slots a keep_prompt=1 policy never evicts: own_prompt_len(),
+  // or 0 (keep_prompt=0, or no such parameter). Kept slots lead the slot order.
+  int32_t kept_prompt_len() const { return keep_prompt_ ? own_prompt_len() : 0; }
   // Keeps the top `k` slots among [0, n_candidates) by score, plus every slot
   // in [n_candidates, n); writes sorted indices to keep. Ties: older first.
+  // The kept prompt's slots are among the k whatever their scores.
   void keep_top(const float* scores, int32_t n_candidates, int32_t n, int32_t k, std::vector<int32_t>& keep,
                 std::vector<int32_t>& index);
   // The remembered queries of a head, oldest first: (position, pointer to
@@ -222,7 +247,9 @@ class EvictionPolicy {
   std::vector<Scratch> scratch_;           // [n_layer]
   std::vector<std::vector<std::vector<int32_t>>> keep_;  // [n_layer][heads_per_layer]
   std::atomic<int64_t> slots_{0}, evicted_{0}, policy_ns_{0};
+  bool keep_prompt_ = false;
   int64_t peak_slots_ = 0;
+  int64_t attended_slot_sum_ = 0, sampling_passes_ = 0;
 };
 
 using PolicyFactory = std::unique_ptr<EvictionPolicy> (*)(const PolicyConfig& config, const PolicyShape& shape);

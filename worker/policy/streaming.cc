@@ -1,5 +1,6 @@
 // `streaming`: StreamingLLM. The first `sinks` tokens (attention sinks) and
-// the most recent budget - sinks tokens stay; after every pass.
+// the most recent budget - sinks tokens stay; after every pass. With
+// keep_prompt the whole prompt is the sinks.
 #include "worker/policy/policies.h"
 
 namespace lazykv {
@@ -17,9 +18,10 @@ class StreamingPolicy final : public EvictionPolicy {
     for (size_t h = 0; h < heads.size(); ++h) {
       const int32_t n = heads[h].n;
       if (n <= budget_) continue;
+      const int32_t sinks = std::max(sinks_, kept_prompt_len());
       std::vector<int32_t>& k = keep[h];
-      for (int32_t s = 0; s < sinks_; ++s) k.push_back(s);
-      for (int32_t s = n - (budget_ - sinks_); s < n; ++s) k.push_back(s);
+      for (int32_t s = 0; s < sinks; ++s) k.push_back(s);
+      for (int32_t s = n - (budget_ - sinks); s < n; ++s) k.push_back(s);
     }
   }
 

@@ -34,7 +34,6 @@ class TriAttentionPolicy final : public EvictionPolicy {
       : EvictionPolicy(config, shape, shape.n_head_kv, Needs{}),
         budget_(config.get_int("budget")),
         period_(config.get_int("period")),
-        keep_prompt_(config.get_int("keep_prompt") != 0),
         stats_(shape.query_stats) {
     const int F = shape.head_dim / 2;  // make_triattention_policy checked triattention_unavailable(shape)
     offset_mean_.resize(size_t(F));
@@ -54,7 +53,7 @@ class TriAttentionPolicy final : public EvictionPolicy {
       const int32_t n = heads[h].n;
       if (n < budget_ + period_) continue;
       // The request's prompt slots come first (a resumed sequence's generated tokens compete).
-      const int32_t n_kept = keep_prompt_ ? std::min(own_prompt_len(), n) : 0;
+      const int32_t n_kept = std::min(kept_prompt_len(), n);
       const int32_t n_candidates = n - n_kept;
       const int32_t k = std::max(budget_ - n_kept, 0);
       if (n_candidates <= k) continue;
@@ -115,7 +114,6 @@ class TriAttentionPolicy final : public EvictionPolicy {
   }
 
   int32_t budget_, period_;
-  bool keep_prompt_;
   std::shared_ptr<const QueryStats> stats_;
   std::vector<std::complex<double>> offset_mean_;  // C_f
 };

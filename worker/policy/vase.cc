@@ -47,10 +47,10 @@ class VasePolicy final : public EvictionPolicy {
                        Needs{.keep_queries = config.get_int("sketch") ? 0 : config.get_int("window")}),
         budget_(config.get_int("budget")),
         window_(config.get_int("window")),
-        n_large_(int32_t(std::floor(config.get("large") * config.get("budget")))),
         sinks_(config.get_int("sinks")),
         kernel_(config.get_int("kernel")),
         rank_(config.get_int("rank")),
+        large_(config.get("large")),
         sketch_(config.get_int("sketch") != 0),
         seed_(uint64_t(config.get("seed"))) {
     if (rank_ > kMaxRank) throw Error(ErrorCode::kInternal, "policy vase: rank above " + std::to_string(kMaxRank));
@@ -106,19 +106,24 @@ class VasePolicy final : public EvictionPolicy {
 
   // Turns s.pooled[0, nc) into sampling keys: +inf for the reserved slots
   // (widest value ranges, sinks first), log(u) / w for the others (-inf
-  // where w = 0). `reserved` is scratch.
+  // where w = 0). `reserved` is scratch. A kept prompt (the first `lead`
+  // slots, kept by keep_top) is outside the reserve, which is `large` of
+  // what the prompt leaves of the budget.
   void sample_keys(uint64_t stream, int32_t nc, std::vector<int32_t>& reserved, Scratch& s) const {
     const int D = shape().head_dim;
+    const int32_t lead = std::min(kept_prompt_len(), nc);
     s.aux.resize(size_t(nc));
     for (int32_t i = 0; i < nc; ++i) {
       const float* v = s.values.data() + size_t(i) * size_t(D);
       const auto [lo, hi] = std::minmax_element(v, v + D);
       s.aux[size_t(i)] = i < sinks_ ? kInf : *hi - *lo;
     }
-    const int32_t n_large = std::min(std::max(n_large_, sinks_), budget_ - window_);  // the sinks always fit
-    reserved.resize(size_t(n_large));
-    s.index.resize(size_t(nc));
-    cpu::top_k_slots(s.aux.data(), nc, n_large, reserved.data(), s.index.data());
+    const int32_t n_large = std::min(std::max(int32_t(std::floor(large_ * double(budget_ - lead))), sinks_ - lead),
+                                     budget_ - window_ - lead);  // the sinks always fit
+    reserved.resize(size_t(std::max(n_large, 0)));
+    s.index.resize(size_t(nc - lead));
+    cpu::top_k_slots(s.aux.data() + lead, nc - lead, int32_t(reserved.size()), reserved.data(), s.index.data());
+    for (int32_t& i : reserved) i += lead;
     for (int32_t i = 0; i < nc; ++i) {
       const float w = s.pooled[size_t(i)];
       const double u = uniform_open(splitmix64_at(stream, uint64_t(i)));
@@ -171,7 +176,8 @@ class VasePolicy final : public EvictionPolicy {
     }
   }
 
-  int32_t budget_, window_, n_large_, sinks_, kernel_, rank_;
+  int32_t budget_, window_, sinks_, kernel_, rank_;
+  double large_;
   bool sketch_;
   uint64_t seed_;
 };

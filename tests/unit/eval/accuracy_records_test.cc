@@ -16,8 +16,10 @@ namespace {
 
 const std::vector<Problem> kProblems = {{"gsm8k/1", "q1", "7"}, {"gsm8k/2", "q2", "8"}, {"gsm8k/3", "q3", "9"}};
 
-nlohmann::json header(int32_t max_tokens = 64) {
-  return accuracy_records_header("tiny", "/nonexistent/tiny.gguf", Dataset::kGsm8k, max_tokens, "f32");
+nlohmann::json header(int32_t max_tokens = 64, const AccuracyOptions& base = {}) {
+  AccuracyOptions options = base;
+  options.max_tokens = max_tokens;
+  return accuracy_records_header("tiny", "/nonexistent/tiny.gguf", options, "f32");
 }
 
 AccuracyRecord record(size_t problem, const std::string& policy, double ratio, bool correct) {
@@ -28,6 +30,7 @@ AccuracyRecord record(size_t problem, const std::string& policy, double ratio, b
   r.budget_slots = policy == "full" ? 0 : 20;
   r.generated_tokens = 30 + int64_t(problem);
   r.peak_kv_bytes = 4096 * (1 + int64_t(problem));
+  r.mean_kv_bytes = 3072.5 * double(1 + problem);
   r.finish = "stop";
   if (correct) r.prediction = kProblems[problem].gold;
   r.correct = correct;
@@ -75,6 +78,7 @@ TEST(AccuracyRecordsTest, RecordsRoundTripThroughResume) {
   EXPECT_EQ(full.prediction, std::optional<std::string>("7"));
   EXPECT_EQ(full.generated_tokens, 30);
   EXPECT_EQ(full.peak_kv_bytes, 4096);
+  EXPECT_EQ(full.mean_kv_bytes, 3072.5);
   const AccuracyRecord& failed = log.resumed()[1];
   EXPECT_EQ(failed.problem, 1u);
   EXPECT_EQ(failed.budget_ratio, 0.3);
@@ -86,6 +90,19 @@ TEST(AccuracyRecordsTest, RecordsRoundTripThroughResume) {
   // New records go after the old ones.
   log.append(record(2, "full", 1.0, false));
   EXPECT_EQ(read_lines(path).size(), 4u);
+}
+
+// A record written before the mean KV was kept resumes with it unknown (0).
+TEST(AccuracyRecordsTest, RecordsWithoutTheMeanKvResume) {
+  TempDir dir("accuracy_records");
+  const std::string path = dir.file("records.jsonl");
+  nlohmann::json old = accuracy_record_json(record(0, "full", 1.0, true), kProblems);
+  old.erase("mean_kv_bytes");
+  std::ofstream(path) << header().dump() << "\n" << old.dump() << "\n";
+  AccuracyRecordLog log(path, header(), /*resume=*/true, kProblems);
+  ASSERT_EQ(log.resumed().size(), 1u);
+  EXPECT_EQ(log.resumed()[0].mean_kv_bytes, 0.0);
+  EXPECT_EQ(log.resumed()[0].peak_kv_bytes, 4096);
 }
 
 TEST(AccuracyRecordsTest, WithoutResumeTheFileStartsAfresh) {
@@ -146,12 +163,26 @@ TEST(AccuracyRecordsTest, RefusesAnotherRunsFile) {
   const std::string path = dir.file("records.jsonl");
   AccuracyRecordLog(path, header(64), false, kProblems).append(record(0, "full", 1.0, true));
   expect_error([&] { AccuracyRecordLog(path, header(128), true, kProblems); }, "max_tokens 64, this run has 128");
-  expect_error(
-      [&] {
-        AccuracyRecordLog(path, accuracy_records_header("tiny", "/nonexistent/tiny.gguf", Dataset::kMath500, 64, "f32"),
-                          true, kProblems);
-      },
-      "dataset");
+  AccuracyOptions math, generated, mean, loops, check;
+  check.instruction = Instruction::kCheck;
+  expect_error([&] { AccuracyRecordLog(path, header(64, check), true, kProblems); },
+               "instruction unset, this run has \"check\"");
+  math.dataset = Dataset::kMath500;
+  expect_error([&] { AccuracyRecordLog(path, header(64, math), true, kProblems); }, "dataset");
+  // Budgets set another way, or another loop stop: the answers differ.
+  generated.budget_base = BudgetBase::kGenerated;
+  mean.match = BudgetMatch::kMean;
+  loops.loop_window = 256;
+  expect_error([&] { AccuracyRecordLog(path, header(64, generated), true, kProblems); },
+               "budget_base unset, this run has \"generated\"");
+  expect_error([&] { AccuracyRecordLog(path, header(64, mean), true, kProblems); }, "match unset, this run has \"mean\"");
+  expect_error([&] { AccuracyRecordLog(path, header(64, loops), true, kProblems); },
+               "loop_window unset, this run has 256");
+  // And the other way: a file that names a setting this run leaves at its default.
+  const std::string other = dir.file("generated.jsonl");
+  AccuracyRecordLog(other, header(64, generated), false, kProblems).append(record(0, "full", 1.0, true));
+  expect_error([&] { AccuracyRecordLog(other, header(64), true, kProblems); },
+               "budget_base \"generated\", this run has unset");
   // The file is left as it was.
   EXPECT_EQ(read_lines(path).size(), 2u);
 

@@ -3,13 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "eval/accuracy.h"
+#include "eval/accuracy_records.h"
 #include "eval/fidelity.h"
+#include "eval/kv_occupancy.h"
 #include "eval/policy_grid.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/model.h"
@@ -104,6 +107,46 @@ TEST_F(BatchRunnerTest, StopsAtEndOfGenerationUnlessBanned) {
       EXPECT_EQ(res.tokens.size(), 60u);
     }
   }
+}
+
+// Greedy decoding of the tiny random model falls into short cycles; with a
+// loop window the job stops there ("loop") with the same tokens so far, and
+// the tokens it stopped on repeat a block of at most window / 4.
+TEST_F(BatchRunnerTest, ALoopWindowStopsARepeatingAnswer) {
+  constexpr int32_t kWindow = 16, kMax = 150;
+  BatchRunner r = runner(4);
+  std::vector<Job> plain, watched;
+  for (int i = 0; i < 4; ++i) {
+    plain.push_back(job(i, make_policy_config(std::string("full")), kMax));
+    watched.push_back(plain.back());
+    watched.back().loop_window = kWindow;
+  }
+  const std::vector<JobResult> runs = r.run(plain), stopped = r.run(watched);
+  int loops = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    ASSERT_TRUE(runs[i].ok() && stopped[i].ok());
+    EXPECT_EQ(runs[i].finish, "length");
+    const std::vector<int32_t>& t = stopped[i].tokens;
+    ASSERT_LE(t.size(), runs[i].tokens.size());
+    EXPECT_TRUE(std::equal(t.begin(), t.end(), runs[i].tokens.begin())) << "job " << i;
+    if (stopped[i].finish != "loop") {
+      EXPECT_EQ(t.size(), size_t(kMax));
+      continue;
+    }
+    ++loops;
+    ASSERT_GE(t.size(), size_t(kWindow));
+    bool periodic = false;
+    for (size_t p = 1; p <= kWindow / 4 && !periodic; ++p) {
+      periodic = std::equal(t.end() - kWindow + int(p), t.end(), t.end() - kWindow);
+    }
+    EXPECT_TRUE(periodic) << "job " << i << " stopped without a cycle";
+    // It stopped at the first token that closed the window, not later.
+    const std::vector<int32_t> before(t.begin(), t.end() - 1);
+    for (size_t p = 1; p <= kWindow / 4 && before.size() >= kWindow; ++p) {
+      EXPECT_FALSE(std::equal(before.end() - kWindow + int(p), before.end(), before.end() - kWindow)) << "job " << i;
+    }
+  }
+  EXPECT_GT(loops, 0) << "no job of the tiny model looped";
 }
 
 TEST_F(BatchRunnerTest, TeacherForcingFeedsExactlyTheForcedTokens) {
@@ -225,6 +268,103 @@ TEST_F(BatchRunnerTest, AccuracyReportsEveryConfiguration) {
   }
 }
 
+// The prompt kept on top of a ratio of the answer, policies matched at
+// equal mean KV: each record's budget is the matched one, its measured mean
+// KV is the model's, and the rows count where answers stopped.
+TEST_F(BatchRunnerTest, AccuracyAtEqualMeanKvWithThePromptKept) {
+  BatchRunner r = runner(4);
+  const std::vector<Problem> problems = {{"a", "q", "7"}, {"b", "q", "8"}};
+  const std::vector<std::vector<int32_t>> prompts = {prompt(0), prompt(1)};
+  AccuracyOptions options;
+  options.policies = {"lazy", "h2o", "tova"};
+  options.budgets = {0.5};
+  options.max_tokens = 60;
+  options.budget_base = BudgetBase::kGenerated;
+  options.match = BudgetMatch::kMean;
+  options.loop_window = 16;
+  const AccuracyReport report = run_accuracy(r, problems, prompts, options);
+  ASSERT_EQ(report.rows.size(), 4u);
+  const int64_t slot_bytes = int64_t(model_->config().n_layer) * model_->config().n_head_kv * model_->config().head_dim * 4;
+  int modelled = 0;
+  for (const AccuracyRecord& rec : report.records) {
+    ASSERT_EQ(rec.error, "") << rec.policy;
+    EXPECT_GT(rec.mean_kv_bytes, 0) << rec.policy;
+    EXPECT_LE(rec.mean_kv_bytes, double(rec.peak_kv_bytes)) << rec.policy;
+    if (rec.policy == "full") continue;
+    const int32_t P = int32_t(prompts[rec.problem].size());
+    const AccuracyRecord& full = report.records[rec.problem];
+    const PolicyConfig c = problem_policy_config(rec.policy, 0.5, BudgetBase::kGenerated, BudgetMatch::kMean, P,
+                                                 full.generated_tokens);
+    EXPECT_EQ(rec.budget_slots, c.budget()) << rec.policy;
+    EXPECT_EQ(c.get_int("keep_prompt"), 1) << rec.policy;
+    // An answer as long as the full one attends exactly the modelled slots.
+    if (rec.generated_tokens == full.generated_tokens) {
+      ++modelled;
+      const KvOccupancy o = kv_occupancy(c, P, int32_t(rec.generated_tokens));
+      EXPECT_DOUBLE_EQ(rec.mean_kv_bytes, o.mean * double(slot_bytes)) << rec.policy;
+      EXPECT_LE(o.mean, double(P + budget_slots(0.5, full.generated_tokens))) << rec.policy;
+    }
+  }
+  EXPECT_GT(modelled, 0);
+  for (const AccuracyRow& row : report.rows) {
+    int64_t at_length = 0, loops = 0;
+    for (const AccuracyRecord& rec : report.records) {
+      if (rec.policy != row.policy) continue;
+      at_length += rec.finish == "length";
+      loops += rec.finish == "loop";
+    }
+    EXPECT_EQ(row.at_length, at_length) << row.policy;
+    EXPECT_EQ(row.loops, loops) << row.policy;
+    EXPECT_GT(row.mean_kv_bytes, 0) << row.policy;
+  }
+  const nlohmann::json j = accuracy_json(report, "tiny", options, problems.size(), 1.0);
+  EXPECT_EQ(j["budget_base"], "generated");
+  EXPECT_EQ(j["match"], "mean");
+  EXPECT_EQ(j["loop_window"], 16);
+  EXPECT_TRUE(j["results"][1].contains("mean_kv_bytes"));
+}
+
+// lazy+tiers in the accuracy harness (in-process tiers): every record keeps
+// what it moved, the row sums them, and the JSON reports bytes per token.
+TEST_F(BatchRunnerTest, AccuracyReportsWhatLazyTiersMoved) {
+  BatchRunner r = runner(4);
+  const std::vector<Problem> problems = {{"a", "q", "7"}, {"b", "q", "8"}, {"c", "q", "9"}};
+  AccuracyOptions options;
+  options.policies = {"lazy+tiers", "lazy"};
+  options.budgets = {0.3};
+  options.max_tokens = 80;
+  const AccuracyReport report = run_accuracy(r, problems, {prompt(0), prompt(1), prompt(2)}, options);
+  ASSERT_EQ(report.rows.size(), 3u);
+  const AccuracyRow& tiered = report.rows[1];
+  ASSERT_EQ(tiered.policy, "lazy+tiers");
+  TierCounters sum;
+  int64_t generated = 0;
+  for (const AccuracyRecord& rec : report.records) {
+    if (rec.policy != "lazy+tiers") {
+      EXPECT_EQ(rec.tiers.demoted_slots, 0) << rec.policy;
+      continue;
+    }
+    sum += rec.tiers;
+    generated += rec.generated_tokens;
+    // The record line carries the counters and reads back the same.
+    const nlohmann::json line = accuracy_record_json(rec, problems);
+    ASSERT_TRUE(line.contains("tiers"));
+    EXPECT_EQ(line["tiers"]["demoted_slots"], rec.tiers.demoted_slots);
+    EXPECT_EQ(line["tiers"]["promotion_hits"], rec.tiers.promotion_hits);
+  }
+  EXPECT_TRUE(sum.tiers_available);
+  EXPECT_GT(sum.demoted_slots, 0) << "nothing was demoted";
+  EXPECT_EQ(tiered.tiers.demoted_slots, sum.demoted_slots);
+  EXPECT_EQ(tiered.tiers.fetched_bytes, sum.fetched_bytes);
+  EXPECT_EQ(tiered.generated, generated);
+  const nlohmann::json j = accuracy_json(report, "tiny", options, problems.size(), 1.0);
+  EXPECT_FALSE(j["results"][2].contains("tiers"));  // lazy
+  const nlohmann::json& t = j["results"][1]["tiers"];
+  EXPECT_EQ(t["bytes_demoted"], sum.demoted_bytes);
+  EXPECT_DOUBLE_EQ(t["bytes_moved_per_token"].get<double>(),
+                   double(sum.demoted_bytes + sum.fetched_bytes) / double(generated));
+}
+
 TEST_F(BatchRunnerTest, AccuracyResumesFromEarlierRecords) {
   const std::vector<Problem> problems = {{"a", "q", "7"}, {"b", "q", "8"}, {"c", "q", "9"}};
   const std::vector<std::vector<int32_t>> prompts = {prompt(0), prompt(1), prompt(2)};
@@ -301,6 +441,83 @@ TEST(PolicyGridTest, BudgetsAndWindowRule) {
   EXPECT_EQ(parse_budgets("0.1, 0.5,64"), (std::vector<double>{0.1, 0.5, 64}));
   EXPECT_THROW(parse_budgets("0"), std::exception);
   EXPECT_THROW(parse_budgets("abc"), std::exception);
+}
+
+// --budget-base generated: the prompt is kept, on top of a ratio of the
+// answer; the window rule divides what the prompt leaves.
+TEST(PolicyGridTest, AGeneratedBaseKeepsThePrompt) {
+  const PolicyConfig lazy = problem_policy_config("lazy", 0.25, BudgetBase::kGenerated, BudgetMatch::kBudget, 100, 800);
+  EXPECT_EQ(lazy.budget(), 300);
+  EXPECT_EQ(lazy.get_int("keep_prompt"), 1);
+  EXPECT_EQ(lazy.get_int("window"), 50);  // a quarter of the 200 generated slots
+  EXPECT_EQ(prompt_refusal(lazy, 100), "");
+  const PolicyConfig h2o = problem_policy_config("h2o", 0.25, BudgetBase::kGenerated, BudgetMatch::kBudget, 100, 800);
+  EXPECT_EQ(h2o.get_int("recent"), 100);  // half of what the prompt leaves, not half of 300
+  EXPECT_EQ(problem_policy_config("h2o(recent=0)", 0.25, BudgetBase::kGenerated, BudgetMatch::kBudget, 100, 800)
+                .get_int("recent"),
+            100);  // 0 means half, of what the prompt leaves
+  EXPECT_EQ(problem_policy_config("lazy", 40, BudgetBase::kGenerated, BudgetMatch::kBudget, 100, 800).budget(),
+            140);  // an absolute budget: slots on top of the prompt
+  EXPECT_EQ(problem_policy_config("raas", 0.25, BudgetBase::kGenerated, BudgetMatch::kBudget, 100, 800).budget(), 300);
+  EXPECT_EQ(problem_policy_config("lazy(keep_prompt=0)", 0.25, BudgetBase::kGenerated, BudgetMatch::kBudget, 100, 800)
+                .get_int("keep_prompt"),
+            0);  // the spec's own value stands
+  // The total base is the rule as before: a ratio of prompt + answer.
+  const PolicyConfig total = problem_policy_config("lazy", 0.25, BudgetBase::kTotal, BudgetMatch::kBudget, 100, 800);
+  EXPECT_EQ(total.budget(), 225);
+  EXPECT_EQ(total.get_int("keep_prompt"), 0);
+  EXPECT_EQ(total.get_int("window"), 56);
+  EXPECT_EQ(parse_budget_base("generated"), BudgetBase::kGenerated);
+  EXPECT_THROW(parse_budget_base("prompt"), std::exception);
+  EXPECT_EQ(parse_budget_match("peak"), BudgetMatch::kPeak);
+  EXPECT_THROW(parse_budget_match("avg"), std::exception);
+}
+
+// --match mean / peak: each policy gets the largest budget whose modelled
+// mean (peak) slots stay within the target (checked against every larger
+// budget, since the occupancy does not always grow with C: vase's window
+// follows C), so lazy (peak C + W) gets a smaller C than h2o (peak C + 1)
+// at equal peak.
+TEST(PolicyGridTest, MatchingChoosesTheLargestBudgetWithinTheTarget) {
+  struct Case {
+    int32_t P;
+    int64_t G;
+    double ratio;
+  };
+  for (const Case& k : {Case{100, 900, 0.3}, Case{1000, 800, 0.15}, Case{50, 300, 0.5}}) {
+    for (const BudgetBase base : {BudgetBase::kTotal, BudgetBase::kGenerated}) {
+      const int32_t kept = base == BudgetBase::kGenerated ? k.P : 0;
+      const int64_t target = kept ? k.P + budget_slots(k.ratio, k.G) : budget_slots(k.ratio, k.P + k.G);
+      for (const BudgetMatch match : {BudgetMatch::kMean, BudgetMatch::kPeak}) {
+        for (const std::string spec : {"lazy", "h2o", "snapkv", "vase", "raas", "streaming"}) {
+          const auto accepted = [&](int64_t c) {
+            return prompt_refusal(grid_policy_config(spec, int32_t(c), kept), k.P).empty();
+          };
+          const auto fits = [&](int64_t c) {
+            if (!accepted(c)) return false;
+            const KvOccupancy o = kv_occupancy(grid_policy_config(spec, int32_t(c), kept), k.P, int32_t(k.G));
+            return (match == BudgetMatch::kMean ? o.mean : double(o.peak)) <= double(target);
+          };
+          int64_t largest = 0;
+          for (int64_t c = k.P + k.G + 1; c >= 8 && largest == 0; --c) largest = fits(c) ? c : 0;
+          if (largest == 0) {  // nothing fits (raas keeps a prompt longer than the target): the smallest accepted
+            largest = 8;
+            while (!accepted(largest)) ++largest;
+          }
+          const std::string what = spec + " " + budget_base_name(base) + " " + budget_match_name(match) +
+                                   " P=" + std::to_string(k.P);
+          EXPECT_EQ(problem_policy_config(spec, k.ratio, base, match, k.P, k.G).budget(), largest) << what;
+        }
+      }
+    }
+  }
+  // At equal peak lazy's window is paid out of its budget.
+  const int32_t lazy_c = problem_policy_config("lazy", 0.3, BudgetBase::kTotal, BudgetMatch::kPeak, 100, 900).budget();
+  const int32_t h2o_c = problem_policy_config("h2o", 0.3, BudgetBase::kTotal, BudgetMatch::kPeak, 100, 900).budget();
+  EXPECT_EQ(h2o_c, 299);
+  EXPECT_EQ(lazy_c + grid_policy_config("lazy", lazy_c).get_int("window"), 300);
+  // full is never matched: it has no budget.
+  EXPECT_EQ(problem_policy_config("full", 0.3, BudgetBase::kTotal, BudgetMatch::kMean, 100, 900).name, "full");
 }
 
 std::string error_of(const std::function<void()>& f) {

@@ -67,6 +67,11 @@ TEST(DatasetsTest, ReadsPromptsAndBuildsTheCotMessage) {
   EXPECT_EQ(prompts[1], "Name a colour.");
   EXPECT_EQ(cot_message("What is 2+2?"),
             "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}.");
+  EXPECT_EQ(cot_message("What is 2+2?", parse_instruction("check")),
+            "What is 2+2?\nPlease reason step by step. Then check your work: go over every step again, verify each "
+            "calculation, and fix any mistake you find. Put your final answer within \\boxed{}.");
+  EXPECT_EQ(instruction_name(parse_instruction("cot")), std::string("cot"));
+  error_of([] { parse_instruction("verbose"); }, ErrorCode::kInvalidArgument);
   const std::string message = error_of([] { load_prompts(kDir + "/gsm8k_test.jsonl"); }, ErrorCode::kInvalidArgument);
   EXPECT_NE(message.find(":1: missing string field \"prompt\""), std::string::npos) << message;
 }

@@ -135,12 +135,41 @@ TEST(PolicyConfig, APromptThatFillsAKeptBudgetIsRefused) {
   EXPECT_TRUE(contains(prompt_refusal(kept, 16), "keep_prompt=0"));
   EXPECT_EQ(prompt_refusal(make_policy_config("triattention", {{"budget", "16"}, {"keep_prompt", "0"}}), 40), "");
   EXPECT_EQ(prompt_refusal(make_policy_config("lazy", {{"budget", "16"}, {"window", "8"}}), 40), "");  // evicts prompts
+  // The newest slots a compaction keeps take room too: lazy's window, h2o's
+  // recent window (0: half the budget); streaming and tova keep none.
+  const PolicyConfig lazy = make_policy_config("lazy", {{"budget", "16"}, {"window", "4"}, {"keep_prompt", "1"}});
+  EXPECT_EQ(prompt_refusal(lazy, 11), "");
+  EXPECT_TRUE(contains(prompt_refusal(lazy, 12), "the prompt (12 tokens) and the 4 newest slots it always keeps fill "
+                                                 "the budget (16)"));
+  const PolicyConfig h2o = make_policy_config("h2o", {{"budget", "16"}, {"keep_prompt", "1"}});
+  EXPECT_EQ(recent_slots(h2o), 8);
+  EXPECT_EQ(prompt_refusal(h2o, 7), "");
+  EXPECT_NE(prompt_refusal(h2o, 8), "");
+  for (const char* name : {"streaming", "tova"}) {
+    const PolicyConfig c = make_policy_config(name, {{"budget", "16"}, {"keep_prompt", "1"}});
+    EXPECT_EQ(recent_slots(c), 0) << name;
+    EXPECT_EQ(prompt_refusal(c, 15), "") << name;
+    EXPECT_NE(prompt_refusal(c, 16), "") << name;
+  }
+}
+
+// Every evicting policy can keep the prompt: raas always does (no parameter).
+TEST(PolicyConfig, EveryEvictingPolicyCanKeepThePrompt) {
+  for (const PolicyInfo& p : policy_catalog()) {
+    const bool has = std::any_of(p.params.begin(), p.params.end(),
+                                 [](const PolicyParam& q) { return q.name == "keep_prompt"; });
+    EXPECT_EQ(has, p.name != "full" && p.name != "raas") << p.name;
+    if (!p.recent.empty()) {
+      EXPECT_TRUE(std::any_of(p.params.begin(), p.params.end(), [&](const PolicyParam& q) { return q.name == p.recent; }))
+          << p.name << "." << p.recent;
+    }
+  }
 }
 
 TEST(PolicyConfig, DefaultsFilledIn) {
   const PolicyConfig lazy = make_policy_config(std::string("lazy"));
   EXPECT_EQ(lazy.name, "lazy");
-  EXPECT_EQ(lazy.params.size(), 4u);
+  EXPECT_EQ(lazy.params.size(), 5u);
   EXPECT_EQ(lazy.get("budget"), 512);
   EXPECT_EQ(lazy.get("window"), 128);
   EXPECT_DOUBLE_EQ(lazy.get("alpha"), 1e-4);
@@ -193,11 +222,11 @@ TEST(PolicyConfig, BadJson) {
 
 TEST(PolicyConfig, ToString) {
   EXPECT_EQ(make_policy_config(std::string("full")).to_string(), "full");
-  EXPECT_EQ(make_policy_config(std::string("lazy")).to_string(), "lazy(alpha=0.0001,budget=512,per_query_head=0,window=128)");
+  EXPECT_EQ(make_policy_config(std::string("lazy")).to_string(), "lazy(alpha=0.0001,budget=512,keep_prompt=0,per_query_head=0,window=128)");
   EXPECT_EQ(make_policy_config("streaming", {{"budget", "64"}, {"sinks", "2"}}).to_string(),
-            "streaming(budget=64,sinks=2)");
+            "streaming(budget=64,keep_prompt=0,sinks=2)");
   const nlohmann::json j = make_policy_config("tova", {{"budget", "32"}}).to_json();
-  EXPECT_EQ(j, (nlohmann::json{{"name", "tova"}, {"budget", 32.0}}));
+  EXPECT_EQ(j, (nlohmann::json{{"name", "tova"}, {"budget", 32.0}, {"keep_prompt", 0.0}}));
 }
 
 }  // namespace

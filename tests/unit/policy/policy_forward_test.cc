@@ -12,12 +12,14 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "common/policy_config.h"
 #include "common/thread_pool.h"
+#include "eval/kv_occupancy.h"
 #include "worker/format/tiny_model.h"
 #include "worker/forward.h"
 #include "worker/kv_cache.h"
@@ -199,8 +201,13 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
     const std::string name = ec.config.to_string();
     Session s(m, &ec.config, kPrompt);
     int32_t newest_evicted_at = -1;
+    // What each sampling pass's attention saw: the prompt (below every
+    // budget here), then the slots left by the last step plus the new token.
+    const int64_t heads = int64_t(mc.n_layer) * s.heads();
+    int64_t attended = heads * int64_t(kPrompt.size());
     for (int32_t t = 1; t <= 60; ++t) {
       const int32_t pos = s.pos;
+      attended += s.policy->slots() + heads;
       s.feed({s.next()});
       ASSERT_EQ(s.policy->step(), t) << name;
       for (int layer = 0; layer < mc.n_layer; ++layer) {
@@ -230,7 +237,89 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
       for (int h = 0; h < s.heads(); ++h) total += s.cache.n_slots(0, layer, h);
     }
     EXPECT_EQ(s.policy->slots(), total) << name;
+    EXPECT_EQ(s.policy->mean_slots(), double(attended) / 61.0) << name;
   }
+}
+
+// keep_prompt=1: every policy keeps each prompt slot through every
+// compaction and still holds its budget (the peaks above are unchanged).
+TEST(PolicyForward, KeepPromptKeepsEveryPromptSlot) {
+  const Model& m = tiny_model();
+  const int32_t P = int32_t(kPrompt.size());
+  const std::vector<std::pair<PolicyConfig, int32_t>> cases = {  // (policy, peak per head)
+      {config("lazy", {{"budget", "16"}, {"window", "4"}, {"alpha", "0.02"}, {"keep_prompt", "1"}}), 20},
+      {config("streaming", {{"budget", "16"}, {"sinks", "2"}, {"keep_prompt", "1"}}), 17},
+      {config("h2o", {{"budget", "16"}, {"recent", "4"}, {"keep_prompt", "1"}}), 17},
+      {config("tova", {{"budget", "16"}, {"keep_prompt", "1"}}), 17},
+      {config("snapkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}, {"keep_prompt", "1"}}), 24},
+      {config("rkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}, {"keep_prompt", "1"}}), 24},
+      {config("caote", {{"budget", "16"}, {"recent", "4"}, {"keep_prompt", "1"}}), 17},
+      {config("obcache", {{"budget", "16"}, {"recent", "4"}, {"keep_prompt", "1"}}), 17},
+      {config("vase", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"keep_prompt", "1"}}), 20},
+  };
+  for (const auto& [c, peak] : cases) {
+    Session s(m, &c, kPrompt);
+    for (int32_t t = 1; t <= 60; ++t) {
+      s.feed({s.next()});
+      for (int layer = 0; layer < m.config().n_layer; ++layer) {
+        for (int h = 0; h < s.heads(); ++h) {
+          const std::span<const int32_t> p = s.cache.positions(0, layer, h);
+          ASSERT_LE(int32_t(p.size()), peak) << c.to_string() << " t=" << t;
+          ASSERT_GE(int32_t(p.size()), P) << c.to_string() << " t=" << t;
+          for (int32_t i = 0; i < P; ++i) ASSERT_EQ(p[size_t(i)], i) << c.to_string() << " t=" << t;
+        }
+      }
+    }
+    EXPECT_GT(s.policy->evicted_slots(), 0) << c.to_string();
+    EXPECT_EQ(s.policy->peak_slots(), int64_t(m.config().n_layer) * s.heads() * peak) << c.to_string();
+  }
+}
+
+// The eval harness's occupancy model (eval/kv_occupancy.h) predicts every
+// policy's mean and peak slots from its rule alone: short and long prompts,
+// kept prompts, every catalog row.
+TEST(PolicyForward, OccupancyModelMatchesEveryPolicy) {
+  const std::vector<int32_t> long_prompt = {1, 40, 75, 120, 3, 200, 17, 99, 140, 23, 61, 77};
+  const auto c = [](const std::string& name, std::map<std::string, std::string> params) {
+    return config(name, params);
+  };
+  const std::vector<std::pair<PolicyConfig, const std::vector<int32_t>*>> cases = {
+      {c("full", {}), &kPrompt},
+      {c("lazy", {{"budget", "16"}, {"window", "4"}, {"alpha", "0.02"}}), &kPrompt},
+      {c("lazy", {{"budget", "8"}, {"window", "3"}}), &long_prompt},
+      {c("lazy", {{"budget", "16"}, {"window", "4"}, {"keep_prompt", "1"}}), &kPrompt},
+      {c("lazy+tiers", {{"budget", "16"}, {"window", "4"}}), &kPrompt},
+      {c("streaming", {{"budget", "16"}, {"sinks", "4"}}), &kPrompt},
+      {c("streaming", {{"budget", "8"}, {"sinks", "2"}}), &long_prompt},
+      {c("h2o", {{"budget", "16"}}), &kPrompt},
+      {c("h2o", {{"budget", "8"}, {"recent", "2"}}), &long_prompt},
+      {c("tova", {{"budget", "16"}, {"keep_prompt", "1"}}), &kPrompt},
+      {c("tova", {{"budget", "8"}}), &long_prompt},
+      {c("snapkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}}), &kPrompt},
+      {c("snapkv", {{"budget", "8"}, {"window", "2"}, {"kernel", "3"}, {"period", "0"}}), &long_prompt},
+      {c("rkv", {{"budget", "8"}, {"window", "2"}, {"kernel", "3"}, {"period", "5"}}), &long_prompt},
+      {c("raas", {{"budget", "16"}, {"alpha", "0.02"}}), &kPrompt},
+      {c("raas", {{"budget", "8"}}), &long_prompt},
+      {c("caote", {{"budget", "16"}, {"recent", "4"}}), &kPrompt},
+      {c("obcache", {{"budget", "8"}, {"recent", "2"}}), &long_prompt},
+      {c("vase", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}}), &kPrompt},
+      {c("vase", {{"budget", "8"}, {"window", "3"}, {"sinks", "2"}, {"kernel", "3"}}), &long_prompt},
+      {c("triattention", {{"budget", "16"}, {"period", "4"}}), &kPrompt},
+      {c("triattention", {{"budget", "8"}, {"period", "3"}, {"keep_prompt", "0"}}), &long_prompt},
+  };
+  std::set<std::string> covered;
+  for (const auto& [config, prompt] : cases) {
+    const Model& m = config.name == "triattention" ? tiny_model_with_query_stats() : tiny_model();
+    constexpr int32_t kGenerated = 50;  // the prefill's token, then 49 decode steps
+    Session s(m, &config, *prompt);
+    for (int32_t t = 1; t < kGenerated; ++t) s.feed({s.next()});
+    const eval::KvOccupancy model = eval::kv_occupancy(config, int32_t(prompt->size()), kGenerated);
+    const int64_t heads = int64_t(m.config().n_layer) * s.heads();
+    EXPECT_EQ(s.policy->peak_slots(), heads * model.peak) << config.to_string() << " P=" << prompt->size();
+    EXPECT_DOUBLE_EQ(s.policy->mean_slots(), double(heads) * model.mean) << config.to_string() << " P=" << prompt->size();
+    covered.insert(config.name);
+  }
+  for (const PolicyInfo& p : policy_catalog()) EXPECT_TRUE(covered.contains(p.name)) << p.name << " is not covered";
 }
 
 // VaSE's draws come from its seed alone: the same seed keeps the same slots
