@@ -19,6 +19,10 @@ AccuracyRecord make_record(size_t problem, const Job& job, const JobResult& resu
   r.generated_tokens = int64_t(result.tokens.size());
   r.peak_kv_bytes = result.peak_kv_bytes;
   r.mean_kv_bytes = result.mean_kv_bytes;
+  if (result.cache_heads > 0) {
+    r.peak_slots_per_head = result.peak_slots / result.cache_heads;
+    r.mean_slots_per_head = result.mean_slots / double(result.cache_heads);
+  }
   r.tiers = result.tiers;
   r.finish = result.finish;
   r.error = result.error;
@@ -33,8 +37,11 @@ AccuracyRow summarize(const std::string& policy, double ratio, const std::vector
   AccuracyRow row;
   row.policy = policy;
   row.budget_ratio = ratio;
-  double tokens = 0, peak_bytes = 0, mean_bytes = 0;
-  int64_t with_mean = 0;  // records written before the mean KV was kept have none (0)
+  // Memory is averaged over the answers that ran (a failed job held none);
+  // the mean KV over those that have it (records written before it was kept
+  // have none).
+  double tokens = 0, peak_bytes = 0, mean_bytes = 0, mean_slots = 0, peak_slots = 0;
+  int64_t ran = 0, with_mean = 0;
   for (const AccuracyRecord* r : records) {
     ++row.n;
     row.correct += r->correct ? 1 : 0;
@@ -43,15 +50,22 @@ AccuracyRow summarize(const std::string& policy, double ratio, const std::vector
     tokens += double(r->generated_tokens);
     row.generated += r->generated_tokens;
     row.tiers += r->tiers;
-    peak_bytes += double(r->peak_kv_bytes);
-    mean_bytes += r->mean_kv_bytes;
-    with_mean += r->mean_kv_bytes > 0 ? 1 : 0;
     row.max_peak_kv_bytes = std::max(row.max_peak_kv_bytes, r->peak_kv_bytes);
+    if (!r->error.empty()) continue;
+    ++ran;
+    peak_bytes += double(r->peak_kv_bytes);
+    if (r->mean_kv_bytes <= 0) continue;
+    ++with_mean;
+    mean_bytes += r->mean_kv_bytes;
+    mean_slots += r->mean_slots_per_head;
+    peak_slots += double(r->peak_slots_per_head);
   }
-  if (row.n > 0) {
-    row.mean_generated_tokens = tokens / double(row.n);
-    row.mean_peak_kv_bytes = peak_bytes / double(row.n);
-    row.mean_kv_bytes = with_mean ? mean_bytes / double(with_mean) : 0.0;
+  if (row.n > 0) row.mean_generated_tokens = tokens / double(row.n);
+  if (ran > 0) row.mean_peak_kv_bytes = peak_bytes / double(ran);
+  if (with_mean > 0) {
+    row.mean_kv_bytes = mean_bytes / double(with_mean);
+    row.mean_slots_per_head = mean_slots / double(with_mean);
+    row.mean_peak_slots_per_head = peak_slots / double(with_mean);
   }
   return row;
 }
@@ -172,6 +186,8 @@ nlohmann::json accuracy_json(const AccuracyReport& report, const std::string& mo
                     {"mean_peak_kv_bytes", row.mean_peak_kv_bytes},
                     {"max_peak_kv_bytes", row.max_peak_kv_bytes},
                     {"mean_kv_bytes", row.mean_kv_bytes},
+                    {"mean_slots_per_head", row.mean_slots_per_head},
+                    {"mean_peak_slots_per_head", row.mean_peak_slots_per_head},
                     {"at_length", row.at_length},
                     {"loops", row.loops}});
     if (!tiers.is_null()) rows.back()["tiers"] = tiers;

@@ -42,6 +42,9 @@ struct AccuracyRecord {
   bool correct = false;
   int64_t peak_kv_bytes = 0;
   double mean_kv_bytes = 0;  // time-averaged (JobResult::mean_kv_bytes); 0 in records written before it
+  // The same per cache head, in slots (0 in records written before them).
+  int64_t peak_slots_per_head = 0;
+  double mean_slots_per_head = 0;
   TierCounters tiers;        // what a tiered policy moved (zero otherwise)
   std::string finish;        // "stop", "length", "loop" or "error"
   std::string error;         // the job could not run (counted as wrong)
@@ -56,6 +59,7 @@ struct AccuracyRow {
   double mean_peak_kv_bytes = 0;
   int64_t max_peak_kv_bytes = 0;
   double mean_kv_bytes = 0;  // the mean of the answers' time-averaged KV bytes (over those that have it)
+  double mean_slots_per_head = 0, mean_peak_slots_per_head = 0;  // the same per cache head, in slots
   int64_t at_length = 0;     // answers that ran to max_tokens
   int64_t loops = 0;         // answers stopped in a repeating cycle
   TierCounters tiers;        // summed over the answers

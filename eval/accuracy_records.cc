@@ -26,15 +26,21 @@ AccuracyRecord record_from_json(const nlohmann::json& j, size_t problem) {
   r.generated_tokens = j.at("generated_tokens").get<int64_t>();
   r.peak_kv_bytes = j.at("peak_kv_bytes").get<int64_t>();
   r.mean_kv_bytes = j.value("mean_kv_bytes", 0.0);  // absent from records written before it was kept
+  r.peak_slots_per_head = j.value("peak_slots_per_head", int64_t(0));
+  r.mean_slots_per_head = j.value("mean_slots_per_head", 0.0);
   if (j.contains("tiers")) {
     const nlohmann::json& t = j.at("tiers");
     r.tiers.tiers_available = t.at("available").get<bool>();
     r.tiers.demoted_slots = t.at("demoted_slots").get<int64_t>();
     r.tiers.demoted_bytes = t.at("bytes_demoted").get<int64_t>();
     r.tiers.promoted_slots = t.at("promoted_slots").get<int64_t>();
+    r.tiers.promoted_bytes = t.at("bytes_promoted").get<int64_t>();
     r.tiers.promotion_hits = t.at("promotion_hits").get<int64_t>();
+    r.tiers.fetched_blocks = t.at("fetched_blocks").get<int64_t>();
     r.tiers.fetched_bytes = t.at("bytes_fetched").get<int64_t>();
     r.tiers.fetch_waits = t.at("fetch_waits").get<int64_t>();
+  } else if (tiered_spec(r.policy)) {
+    r.tiers.tiers_available = false;  // written before records kept what the tiers moved: unknown
   }
   r.finish = j.at("finish").get<std::string>();
   if (j.contains("error")) r.error = j.at("error").get<std::string>();
@@ -85,6 +91,8 @@ nlohmann::json accuracy_record_json(const AccuracyRecord& record, const std::vec
                       {"generated_tokens", record.generated_tokens},
                       {"peak_kv_bytes", record.peak_kv_bytes},
                       {"mean_kv_bytes", record.mean_kv_bytes},
+                      {"peak_slots_per_head", record.peak_slots_per_head},
+                      {"mean_slots_per_head", record.mean_slots_per_head},
                       {"finish", record.finish}};
   if (tiered_spec(record.policy)) j["tiers"] = tier_counters_json(record.tiers, double(record.generated_tokens));
   if (!record.error.empty()) j["error"] = record.error;

@@ -75,6 +75,8 @@ nlohmann::json tier_counters_json(const TierCounters& t, double tokens) {
           {"promotion_hits", t.promotion_hits},
           {"promotion_hit_rate", t.promoted_slots ? double(t.promotion_hits) / double(t.promoted_slots) : 0.0},
           {"bytes_demoted", t.demoted_bytes},
+          {"bytes_promoted", t.promoted_bytes},
+          {"fetched_blocks", t.fetched_blocks},
           {"bytes_fetched", t.fetched_bytes},
           {"fetch_waits", t.fetch_waits},
           {"bytes_moved_per_token", double(t.demoted_bytes + t.fetched_bytes) / std::max(tokens, 1.0)}};
@@ -199,6 +201,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
         result.peak_kv_bytes = a.policy->peak_slots() * int64_t(cache.slot_bytes());
         result.mean_slots = a.policy->mean_slots();
         result.mean_kv_bytes = a.policy->mean_slots() * double(cache.slot_bytes());
+        result.cache_heads = int64_t(config.n_layer) * a.policy->heads_per_layer();
         result.evicted_slots = a.policy->evicted_slots();
         result.policy_seconds = a.policy->policy_seconds();
         result.tiers = a.policy->tier_counters();

@@ -47,6 +47,7 @@ struct JobResult {
   int64_t peak_kv_bytes = 0;    // peak_slots * slot bytes
   double mean_slots = 0;        // time-averaged over the passes that sampled a token (EvictionPolicy::mean_slots)
   double mean_kv_bytes = 0;     // mean_slots * slot bytes
+  int64_t cache_heads = 0;      // cache heads over all layers: slots per head = slots / cache_heads
   int64_t evicted_slots = 0;
   double policy_seconds = 0;
   TierCounters tiers;           // what a tiered policy moved (zero otherwise)

@@ -169,9 +169,13 @@ FidelityReport run_fidelity(BatchRunner& runner, const std::vector<std::vector<i
       continue;
     }
     FidelityConfigResult& c = configs[job_config[j]];
-    c.peak_kv_bytes = std::max(c.peak_kv_bytes, results[j].peak_kv_bytes);
-    c.policy_seconds += results[j].policy_seconds;
-    c.tiers += results[j].tiers;
+    const JobResult& r = results[j];
+    c.peak_kv_bytes = std::max(c.peak_kv_bytes, r.peak_kv_bytes);
+    c.peak_slots_per_head = std::max(c.peak_slots_per_head, r.peak_slots / std::max<int64_t>(r.cache_heads, 1));
+    c.mean_kv_bytes += r.mean_kv_bytes / double(prompts.size());  // one job per prompt
+    c.mean_slots_per_head += r.mean_slots / double(std::max<int64_t>(r.cache_heads, 1)) / double(prompts.size());
+    c.policy_seconds += r.policy_seconds;
+    c.tiers += r.tiers;
   }
 
   // 3. Speed: each configuration alone over the start of the first continuation.
@@ -214,6 +218,9 @@ nlohmann::json fidelity_json(const FidelityReport& report, const std::string& mo
                        {"positions", c.positions},
                        {"peak_kv_bytes", c.peak_kv_bytes},
                        {"full_peak_kv_bytes", c.full_peak_kv_bytes},
+                       {"peak_slots_per_head", c.peak_slots_per_head},
+                       {"mean_kv_bytes", c.mean_kv_bytes},
+                       {"mean_slots_per_head", c.mean_slots_per_head},
                        {"decode_tok_s", c.decode_tok_s},
                        {"policy_seconds", c.policy_seconds}});
     if (c.policy.name.ends_with("+tiers")) configs.back()["tiers"] = tier_counters_json(c.tiers, double(c.positions));

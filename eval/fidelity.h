@@ -31,6 +31,10 @@ struct FidelityConfigResult {
   double kl_sum = 0;           // sum over positions of KL(full || policy), nats
   int64_t peak_kv_bytes = 0;   // max over prompts
   int64_t full_peak_kv_bytes = 0;
+  int64_t peak_slots_per_head = 0;  // max over prompts and cache heads' counts
+  // Time-averaged KV (JobResult::mean_kv_bytes), averaged over prompts, and per cache head in slots.
+  double mean_kv_bytes = 0;
+  double mean_slots_per_head = 0;
   double policy_seconds = 0;   // summed over prompts
   double decode_tok_s = 0;     // unbatched, first prompt
   TierCounters tiers;          // summed over prompts (tiered policies)

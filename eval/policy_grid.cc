@@ -119,26 +119,41 @@ PolicyConfig problem_policy_config(const std::string& spec, double budget, Budge
   const int32_t kept_prompt = kept ? prompt_len : 0;
   const auto at = [&](int64_t c) { return grid_policy_config(spec, int32_t(c), kept_prompt); };
   if (match == BudgetMatch::kBudget || split_spec(spec).first == "full") return at(target);
-  // Budgets the policy accepts for this prompt grow upward from the smallest.
+  const int64_t G = std::max<int64_t>(generated, 1);
   const auto accepts = [&](int64_t c) { return prompt_refusal(at(c), prompt_len).empty(); };
-  const auto slots = [&](int64_t c) {
-    const KvOccupancy o = kv_occupancy(at(c), prompt_len, int32_t(std::max<int64_t>(generated, 1)));
-    return match == BudgetMatch::kMean ? o.mean : double(o.peak);
+  const auto fits = [&](int64_t c) {
+    if (!accepts(c)) return false;
+    const KvOccupancy o = kv_occupancy(at(c), prompt_len, int32_t(G));
+    return (match == BudgetMatch::kMean ? o.mean : double(o.peak)) <= double(target);
+  };
+  // What every policy holds at least: a pass sees min(P + t, C) slots or more
+  // (no compaction goes below C), and some pass C + 1 once the sequence
+  // passes C. Only budgets whose bound fits can fit.
+  const auto bound = [&](int64_t c) {
+    if (match == BudgetMatch::kPeak) return double(std::min<int64_t>(c + 1, prompt_len + G - 1));
+    double sum = 0;
+    for (int64_t t = 0; t < G; ++t) sum += double(std::min<int64_t>(prompt_len + t, c));
+    return sum / double(G);
   };
   // Past P + G no budget evicts within the answer: every larger C holds the same.
-  const int64_t top = std::max<int64_t>(target, int64_t(prompt_len) + generated + 1);
-  if (!accepts(top)) return at(target);  // refused at any budget: the job reports why
-  int64_t lo = 8, hi = top;
-  while (lo < hi) {  // the smallest accepted budget (acceptance only grows with C)
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (accepts(mid)) hi = mid; else lo = mid + 1;
+  const int64_t top = std::max<int64_t>(target, int64_t(prompt_len) + G + 1);
+  if (fits(top)) return at(top);
+  int64_t lo = 2, hi = top;  // the largest C whose bound fits (the bound grows with C)
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (bound(mid) <= double(target)) lo = mid; else hi = mid - 1;
   }
-  // The occupancy does not always grow with C (a window that follows C moves
-  // the next multiple of it), so the largest fitting C is found by a scan.
-  for (int64_t c = top; c > lo; --c) {
-    if (slots(c) <= double(target)) return at(c);
+  // The occupancy itself does not always grow with C (a window that follows
+  // C moves the next multiple of it), nor does acceptance when a spec fixes
+  // a window: so a scan, down from the bound (within a window or so of it).
+  for (int64_t c = lo; c >= 2; --c) {
+    if (fits(c)) return at(c);
   }
-  return at(lo);
+  // Nothing fits (raas keeps a prompt longer than the target): the smallest accepted budget.
+  for (int64_t c = 2; c <= top; ++c) {
+    if (accepts(c)) return at(c);
+  }
+  return at(target);  // refused at any budget: the job reports why
 }
 
 std::vector<std::string> split_list(const std::string& text) {

@@ -148,6 +148,7 @@ r = d["results"]
 assert [x["policy"] for x in r] == ["full", "lazy", "h2o"], r
 for x in r:
     assert 0 < x["mean_kv_bytes"] <= x["mean_peak_kv_bytes"], x
+    assert 0 < x["mean_slots_per_head"] <= x["mean_peak_slots_per_head"], x
     assert x["at_length"] + x["loops"] <= x["n"], x
 assert r[1]["mean_peak_kv_bytes"] <= r[0]["mean_peak_kv_bytes"], r
 ' "$tmp/acc_peak.json"; then pass "eval accuracy at equal peak JSON"; else fail "eval accuracy at equal peak JSON"; fi
@@ -186,7 +187,8 @@ c = d["configs"]
 assert [x["policy"] for x in c] == ["full", "lazy", "streaming"], c
 for x in c:
     for k in ("params", "budget_ratio", "budget_slots", "top1_agreement", "mean_kl", "peak_kv_bytes",
-              "full_peak_kv_bytes", "decode_tok_s", "policy_seconds"):
+              "full_peak_kv_bytes", "decode_tok_s", "policy_seconds", "mean_kv_bytes", "mean_slots_per_head",
+              "peak_slots_per_head"):
         assert k in x, k
     assert 0 <= x["top1_agreement"] <= 1 and x["mean_kl"] >= 0 and x["decode_tok_s"] > 0, x
 assert c[0]["top1_agreement"] == 1 and c[0]["mean_kl"] == 0, c[0]

@@ -99,10 +99,15 @@ TEST(AccuracyRecordsTest, RecordsWithoutTheMeanKvResume) {
   nlohmann::json old = accuracy_record_json(record(0, "full", 1.0, true), kProblems);
   old.erase("mean_kv_bytes");
   std::ofstream(path) << header().dump() << "\n" << old.dump() << "\n";
+  nlohmann::json tiered = accuracy_record_json(record(1, "lazy+tiers", 0.3, false), kProblems);
+  tiered.erase("tiers");
+  std::ofstream(path, std::ios::app) << tiered.dump() << "\n";
   AccuracyRecordLog log(path, header(), /*resume=*/true, kProblems);
-  ASSERT_EQ(log.resumed().size(), 1u);
+  ASSERT_EQ(log.resumed().size(), 2u);
   EXPECT_EQ(log.resumed()[0].mean_kv_bytes, 0.0);
   EXPECT_EQ(log.resumed()[0].peak_kv_bytes, 4096);
+  EXPECT_TRUE(log.resumed()[0].tiers.tiers_available);  // not a tiered policy
+  EXPECT_FALSE(log.resumed()[1].tiers.tiers_available);  // what its tiers moved is unknown
 }
 
 TEST(AccuracyRecordsTest, WithoutResumeTheFileStartsAfresh) {

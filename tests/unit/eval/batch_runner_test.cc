@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "eval/accuracy.h"
@@ -14,6 +15,7 @@
 #include "eval/fidelity.h"
 #include "eval/kv_occupancy.h"
 #include "eval/policy_grid.h"
+#include "tests/unit/temp_dir.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/model.h"
 
@@ -226,6 +228,18 @@ TEST_F(BatchRunnerTest, FullAgainstFullIsPerfectFidelity) {
   EXPECT_EQ(tight.policy.get_int("window"), 2);
   EXPECT_LT(tight.peak_kv_bytes, tight.full_peak_kv_bytes);
   EXPECT_GE(tight.mean_kl(), 0.0);
+  // Mean KV: the modelled occupancy of each prompt's forced run, averaged.
+  double modelled = 0;
+  int32_t modelled_peak = 0;
+  for (const std::vector<int32_t>& p : {prompt(0), prompt(3)}) {
+    const KvOccupancy o = kv_occupancy(tight.policy, int32_t(p.size()), 24);
+    modelled += o.mean / 2;
+    modelled_peak = std::max(modelled_peak, o.peak);
+  }
+  EXPECT_DOUBLE_EQ(tight.mean_slots_per_head, modelled);
+  EXPECT_EQ(tight.peak_slots_per_head, modelled_peak);
+  EXPECT_LT(tight.mean_kv_bytes, roomy.mean_kv_bytes);
+  EXPECT_EQ(roomy.mean_kv_bytes, full.mean_kv_bytes);
   // A variant of a policy is its own configuration, labelled by its spec.
   EXPECT_EQ(report.configs[3].policy.get_int("sinks"), 4);
   EXPECT_EQ(report.configs[5].policy.get_int("sinks"), 1);
@@ -236,6 +250,8 @@ TEST_F(BatchRunnerTest, FullAgainstFullIsPerfectFidelity) {
   EXPECT_EQ(j["configs"][3]["policy"], "streaming");
   EXPECT_EQ(j["configs"][5]["policy"], "streaming(sinks=1)");
   EXPECT_EQ(j["configs"][5]["params"]["sinks"], 1);
+  EXPECT_EQ(j["configs"][2]["mean_kv_bytes"], tight.mean_kv_bytes);
+  EXPECT_EQ(j["configs"][2]["peak_slots_per_head"], tight.peak_slots_per_head);
   EXPECT_TRUE(j.contains("param_rule"));
 }
 
@@ -286,10 +302,14 @@ TEST_F(BatchRunnerTest, AccuracyAtEqualMeanKvWithThePromptKept) {
   ASSERT_EQ(report.rows.size(), 4u);
   const int64_t slot_bytes = int64_t(model_->config().n_layer) * model_->config().n_head_kv * model_->config().head_dim * 4;
   int modelled = 0;
+  const int64_t heads = int64_t(model_->config().n_layer) * model_->config().n_head_kv;
   for (const AccuracyRecord& rec : report.records) {
     ASSERT_EQ(rec.error, "") << rec.policy;
     EXPECT_GT(rec.mean_kv_bytes, 0) << rec.policy;
     EXPECT_LE(rec.mean_kv_bytes, double(rec.peak_kv_bytes)) << rec.policy;
+    EXPECT_EQ(rec.peak_slots_per_head * heads * model_->config().head_dim * 4, rec.peak_kv_bytes) << rec.policy;
+    EXPECT_DOUBLE_EQ(rec.mean_slots_per_head * double(heads * model_->config().head_dim * 4), rec.mean_kv_bytes)
+        << rec.policy;
     if (rec.policy == "full") continue;
     const int32_t P = int32_t(prompts[rec.problem].size());
     const AccuracyRecord& full = report.records[rec.problem];
@@ -302,6 +322,7 @@ TEST_F(BatchRunnerTest, AccuracyAtEqualMeanKvWithThePromptKept) {
       ++modelled;
       const KvOccupancy o = kv_occupancy(c, P, int32_t(rec.generated_tokens));
       EXPECT_DOUBLE_EQ(rec.mean_kv_bytes, o.mean * double(slot_bytes)) << rec.policy;
+      EXPECT_EQ(rec.peak_slots_per_head, o.peak) << rec.policy;
       EXPECT_LE(o.mean, double(P + budget_slots(0.5, full.generated_tokens))) << rec.policy;
     }
   }
@@ -346,11 +367,30 @@ TEST_F(BatchRunnerTest, AccuracyReportsWhatLazyTiersMoved) {
     }
     sum += rec.tiers;
     generated += rec.generated_tokens;
-    // The record line carries the counters and reads back the same.
+    // The record line carries the counters.
     const nlohmann::json line = accuracy_record_json(rec, problems);
     ASSERT_TRUE(line.contains("tiers"));
     EXPECT_EQ(line["tiers"]["demoted_slots"], rec.tiers.demoted_slots);
     EXPECT_EQ(line["tiers"]["promotion_hits"], rec.tiers.promotion_hits);
+  }
+  // ... and they read back the same from a records file.
+  TempDir dir("eval_tiers");
+  const std::string path = dir.file("records.jsonl");
+  const nlohmann::json header = accuracy_records_header("tiny", "/nonexistent/tiny.gguf", options, "f32");
+  {
+    AccuracyRecordLog log(path, header, false, problems);
+    for (const AccuracyRecord& rec : report.records) log.append(rec);
+  }
+  const AccuracyRecordLog resumed(path, header, true, problems);
+  ASSERT_EQ(resumed.resumed().size(), report.records.size());
+  for (size_t i = 0; i < report.records.size(); ++i) {
+    const TierCounters& a = report.records[i].tiers;
+    const TierCounters& b = resumed.resumed()[i].tiers;
+    EXPECT_EQ(std::tie(a.demoted_slots, a.demoted_bytes, a.promoted_slots, a.promoted_bytes, a.promotion_hits,
+                       a.fetched_blocks, a.fetched_bytes, a.fetch_waits, a.tiers_available),
+              std::tie(b.demoted_slots, b.demoted_bytes, b.promoted_slots, b.promoted_bytes, b.promotion_hits,
+                       b.fetched_blocks, b.fetched_bytes, b.fetch_waits, b.tiers_available))
+        << report.records[i].policy;
   }
   EXPECT_TRUE(sum.tiers_available);
   EXPECT_GT(sum.demoted_slots, 0) << "nothing was demoted";
@@ -499,9 +539,9 @@ TEST(PolicyGridTest, MatchingChoosesTheLargestBudgetWithinTheTarget) {
             return (match == BudgetMatch::kMean ? o.mean : double(o.peak)) <= double(target);
           };
           int64_t largest = 0;
-          for (int64_t c = k.P + k.G + 1; c >= 8 && largest == 0; --c) largest = fits(c) ? c : 0;
+          for (int64_t c = k.P + k.G + 1; c >= 2 && largest == 0; --c) largest = fits(c) ? c : 0;
           if (largest == 0) {  // nothing fits (raas keeps a prompt longer than the target): the smallest accepted
-            largest = 8;
+            largest = 2;
             while (!accepted(largest)) ++largest;
           }
           const std::string what = spec + " " + budget_base_name(base) + " " + budget_match_name(match) +
