@@ -67,7 +67,8 @@ void LocalWorker::release_all() {
   for (SeqId id : ids) release(id);
 }
 
-std::string LocalWorker::start(const SequenceStart& s) {
+std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
+  invalid_request = false;
   if (seqs_.count(s.seq) > 0) return "sequence " + std::to_string(s.seq) + " is already running";
   if (s.prompt.empty()) return "the prompt is empty";
   if (s.generated < 0 || size_t(s.generated) >= s.prompt.size()) {
@@ -92,6 +93,7 @@ std::string LocalWorker::start(const SequenceStart& s) {
     shape.resumed_tokens = s.generated;
     seq.policy = make_policy(s.policy, shape);
   } catch (const Error& e) {
+    invalid_request = e.code() == ErrorCode::kInvalidArgument;
     return e.what();
   } catch (const std::bad_alloc&) {
     return "policy " + s.policy.name + ": its state for this sequence does not fit in memory";
@@ -135,8 +137,11 @@ StepResult LocalWorker::step(const StepPlan& plan) {
   };
   for (SeqId seq : plan.release) release(seq);
   for (const SequenceStart& s : plan.start) {
-    std::string why = start(s);
-    if (!why.empty()) result.failed.emplace_back(s.seq, std::move(why));
+    bool invalid_request = false;
+    std::string why = start(s, invalid_request);
+    if (why.empty()) continue;
+    result.failed.emplace_back(s.seq, std::move(why));
+    if (invalid_request) result.invalid.push_back(s.seq);
   }
 
   // The pass: prefill chunks and decode tokens. Items of sequences that failed

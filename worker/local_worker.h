@@ -59,7 +59,9 @@ class LocalWorker final : public StepExecutor {
     TierCounters tiers_seen;    // policy->tier_counters() already reported
   };
   void release(SeqId seq);
-  std::string start(const SequenceStart& s);
+  // Why the sequence cannot start ("" when it started); invalid_request is
+  // set when the request itself is at fault (its policy or sampling).
+  std::string start(const SequenceStart& s, bool& invalid_request);
   void fill_logprobs(std::span<const float> logits, int top, SampledToken& out);
 
   const Model& model_;

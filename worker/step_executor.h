@@ -59,6 +59,10 @@ struct StepResult {
   bool out_of_memory = false;
   std::vector<SampledToken> tokens;                  // one per item, in item order (when the pass ran)
   std::vector<std::pair<SeqId, std::string>> failed;  // sequences that could not start or run: why
+  // Of `failed`: the requests the worker refused as invalid (a policy the
+  // model cannot run, a prompt the policy cannot keep, bad sampling): the
+  // client's error, not the server's.
+  std::vector<SeqId> invalid;
   double seconds = 0;        // forward pass and sampling
   int32_t batch_tokens = 0;  // tokens fed in the pass
   int64_t evicted_slots = 0; // by the policies during this step

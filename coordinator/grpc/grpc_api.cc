@@ -247,7 +247,9 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
         if (index == 0) usage.set_prompt_tokens(e.prompt_tokens);  // the choices share one prompt
         if (e.finish_reason == "error" || e.finish_reason == "cancelled") {
           if (!failure) {
-            failure = grpc::Status(e.unavailable ? grpc::UNAVAILABLE : grpc::INTERNAL,
+            failure = grpc::Status(e.unavailable       ? grpc::UNAVAILABLE
+                                   : e.invalid_request ? grpc::INVALID_ARGUMENT
+                                                       : grpc::INTERNAL,
                                    e.error.empty() ? "the sequence was cancelled" : e.error);
           }
           break;

@@ -152,7 +152,8 @@ void Scheduler::stop(const std::string& reason) {
   if (thread_.joinable()) thread_.join();
 }
 
-void Scheduler::finish(Sequence& seq, const std::string& reason, const std::string& error, bool unavailable) {
+void Scheduler::finish(Sequence& seq, const std::string& reason, const std::string& error, bool unavailable,
+                       bool invalid_request) {
   if (seq.done) return;
   seq.done = true;
   SequenceEvent event;
@@ -167,12 +168,16 @@ void Scheduler::finish(Sequence& seq, const std::string& reason, const std::stri
   event.finish_reason = reason;
   event.error = error;
   event.unavailable = unavailable;
+  event.invalid_request = invalid_request;
   event.prompt_tokens = int64_t(seq.request.prompt.size());
   event.completion_tokens = int64_t(seq.generated.size());
   seq.stream->push(std::move(event));
   if (seq.started) pending_release_.push_back(SeqId(seq.id));
   seq.started = false;
-  if (reason == "error") metrics_.counter(metrics::kErrors, {unavailable ? "unavailable" : "worker"}).inc();
+  // (A refused request is the front end's 400, counted there.)
+  if (reason == "error" && !invalid_request) {
+    metrics_.counter(metrics::kErrors, {unavailable ? "unavailable" : "worker"}).inc();
+  }
 }
 
 void Scheduler::take_inbox() {
@@ -377,10 +382,11 @@ bool Scheduler::step_once() {
   metrics_.histogram(metrics::kStepTokens, {options_.worker_label}).observe(double(result.batch_tokens));
   kv_bytes_ = result.kv_bytes;
   for (const auto& [id, why] : result.failed) {
+    const bool invalid = std::find(result.invalid.begin(), result.invalid.end(), id) != result.invalid.end();
     for (auto& seq : running_) {
       if (SeqId(seq->id) == id) {
         seq->started = false;  // the worker dropped it
-        finish(*seq, "error", why);
+        finish(*seq, "error", why, false, invalid);
       }
     }
   }

@@ -134,7 +134,8 @@ class Scheduler {
   bool step_once();  // false when there was nothing to do
   void take_inbox();
   void admit(StepPlan& plan);
-  void finish(Sequence& seq, const std::string& reason, const std::string& error = "", bool unavailable = false);
+  void finish(Sequence& seq, const std::string& reason, const std::string& error = "", bool unavailable = false,
+              bool invalid_request = false);
   void on_token(Sequence& seq, const SampledToken& sampled);
   void update_gauges();
   // Prompt tokens this step may carry, given how many sequences decode in it.

@@ -139,6 +139,11 @@ StepResult TensorParallelWorker::step(const StepPlan& plan) {
     }
   }
   StepResult result = std::move(results[0]);
+  for (size_t r = 1; r < ranks_.size(); ++r) {  // a request any rank refused is invalid
+    for (SeqId id : results[r].invalid) {
+      if (std::find(result.invalid.begin(), result.invalid.end(), id) == result.invalid.end()) result.invalid.push_back(id);
+    }
+  }
   // Cache statistics are the group's: every rank holds its own heads' slots.
   for (size_t r = 1; r < ranks_.size(); ++r) {
     result.evicted_slots += results[r].evicted_slots;

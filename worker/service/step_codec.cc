@@ -1,5 +1,6 @@
 #include "worker/service/step_codec.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace lazykv::rpc {
@@ -68,6 +69,7 @@ void to_proto(const StepResult& in, pb::StepResult* out) {
     pb::SequenceFailure* f = out->add_failed();
     f->set_seq(seq);
     f->set_reason(reason);
+    f->set_invalid_request(std::find(in.invalid.begin(), in.invalid.end(), seq) != in.invalid.end());
   }
   out->set_seconds(in.seconds);
   out->set_batch_tokens(in.batch_tokens);
@@ -161,7 +163,10 @@ StepResult from_proto(const pb::StepResult& in) {
   out.out_of_memory = in.out_of_memory();
   out.tokens.reserve(size_t(in.tokens_size()));
   for (const pb::SampledToken& t : in.tokens()) out.tokens.push_back(from_proto(t));
-  for (const pb::SequenceFailure& f : in.failed()) out.failed.emplace_back(f.seq(), f.reason());
+  for (const pb::SequenceFailure& f : in.failed()) {
+    out.failed.emplace_back(f.seq(), f.reason());
+    if (f.invalid_request()) out.invalid.push_back(f.seq());
+  }
   out.seconds = in.seconds();
   out.batch_tokens = in.batch_tokens();
   out.evicted_slots = in.evicted_slots();

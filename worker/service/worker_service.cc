@@ -87,6 +87,7 @@ grpc::Status WorkerService::run_step(const ::lazykv::worker::v1::StepPlan& reque
   }
   ++steps_;
   result.failed.insert(result.failed.begin(), rejected.begin(), rejected.end());
+  for (const auto& r : rejected) result.invalid.push_back(r.first);  // a policy that does not validate: the request's fault
   rpc::to_proto(result, response);
   return grpc::Status::OK;
 }

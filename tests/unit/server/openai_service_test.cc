@@ -250,6 +250,46 @@ TEST_F(OpenAiServiceTest, APolicyTheModelCannotRunIsA400) {
   EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
 }
 
+// A worker whose info does not list what it cannot run (one older than the
+// list, or one restarted without the model's query statistics) refuses the
+// sequence when it starts: still the request's error, a 400 naming kv_policy,
+// and the server goes on.
+TEST_F(OpenAiServiceTest, APolicyTheWorkerRefusesAtStartIsA400) {
+  struct InfoWithoutTheList final : StepExecutor {
+    explicit InfoWithoutTheList(LocalWorker& w) : worker(w) {}
+    WorkerInfo info() const override {
+      WorkerInfo info = worker.info();
+      info.unavailable_policies.clear();
+      return info;
+    }
+    StepResult step(const StepPlan& plan) override { return worker.step(plan); }
+    LocalWorker& worker;
+  } older(*worker_);
+  metrics::Registry registry;
+  Scheduler scheduler(older, *tokenizer_, registry, scheduler_options_);
+  ServiceConfig config;
+  config.model_id = "tiny";
+  OpenAiService service(*tokenizer_, scheduler, registry, config);
+  const auto post = [&](const std::string& body) {
+    http::Request r;
+    r.method = "POST";
+    r.path = "/v1/completions";
+    r.body = body;
+    RecordingWriter w;
+    service.handle(r, w);
+    return w;
+  };
+  const RecordingWriter refused =
+      post(R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "kv_policy": {"name": "triattention"}})");
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  const json j = json::parse(refused.body);
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error") << refused.body;
+  EXPECT_EQ(j["error"]["param"], "kv_policy") << refused.body;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("triattention"), std::string::npos) << refused.body;
+  EXPECT_EQ(registry.counter(metrics::kErrors, {"worker"}).value(), 0);  // not the server's error
+  EXPECT_EQ(post(R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
+}
+
 // A prompt the policy would have to keep whole but cannot fit: the request's
 // policy names kv_policy; the server's default names the prompt.
 TEST(CheckKvPolicy, APromptThatFillsAKeptBudgetIsA400) {

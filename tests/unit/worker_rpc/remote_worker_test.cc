@@ -266,6 +266,7 @@ TEST_F(WorkerRpcTest, ABadPolicyFailsOneSequenceNotTheStep) {
   ASSERT_FALSE(result.failed.empty());
   EXPECT_EQ(result.failed[0].first, 2);
   EXPECT_NE(result.failed[0].second.find("budget"), std::string::npos) << result.failed[0].second;
+  EXPECT_EQ(result.invalid, std::vector<SeqId>{2});  // the request's fault: the client gets a 400
   EXPECT_EQ(served.worker.n_sequences(), 1u);
 }
 

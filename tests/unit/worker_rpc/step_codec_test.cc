@@ -115,7 +115,8 @@ TEST(StepCodec, StepResultRoundTrip) {
   SampledToken b;  // a prefill chunk: no token
   b.seq = 6;
   result.tokens = {a, b};
-  result.failed = {{8, "the prompt is empty"}, {9, "token id 70000 is outside the vocabulary"}};
+  result.failed = {{8, "the prompt is empty"}, {9, "policy triattention: no query statistics"}};
+  result.invalid = {9};
   result.seconds = 0.123456789;
   result.batch_tokens = 77;
   result.evicted_slots = int64_t(1) << 35;
@@ -137,6 +138,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   EXPECT_EQ(back.tokens[1].token, -1);
   EXPECT_TRUE(back.tokens[1].top.empty());
   EXPECT_EQ(back.failed, result.failed);
+  EXPECT_EQ(back.invalid, result.invalid);
   EXPECT_EQ(back.seconds, result.seconds);
   EXPECT_EQ(back.batch_tokens, 77);
   EXPECT_EQ(back.evicted_slots, result.evicted_slots);
