@@ -66,6 +66,17 @@ class RecordingWriter final : public http::ResponseWriter {
   int gone_after = -1;  // >= 0: the client disappears after this many chunks
 };
 
+// A POST to a service of the test's own (the fixture's is `call`).
+RecordingWriter post(OpenAiService& service, const std::string& path, const std::string& body) {
+  http::Request r;
+  r.method = "POST";
+  r.path = path;
+  r.body = body;
+  RecordingWriter w;
+  service.handle(r, w);
+  return w;
+}
+
 class OpenAiServiceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -270,24 +281,16 @@ TEST_F(OpenAiServiceTest, APolicyTheWorkerRefusesAtStartIsA400) {
   ServiceConfig config;
   config.model_id = "tiny";
   OpenAiService service(*tokenizer_, scheduler, registry, config);
-  const auto post = [&](const std::string& body) {
-    http::Request r;
-    r.method = "POST";
-    r.path = "/v1/completions";
-    r.body = body;
-    RecordingWriter w;
-    service.handle(r, w);
-    return w;
-  };
   const RecordingWriter refused =
-      post(R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "kv_policy": {"name": "triattention"}})");
+      post(service, "/v1/completions",
+           R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "kv_policy": {"name": "triattention"}})");
   EXPECT_EQ(refused.status, 400) << refused.body;
   const json j = json::parse(refused.body);
   EXPECT_EQ(j["error"]["type"], "invalid_request_error") << refused.body;
   EXPECT_EQ(j["error"]["param"], "kv_policy") << refused.body;
   EXPECT_NE(j["error"]["message"].get<std::string>().find("triattention"), std::string::npos) << refused.body;
   EXPECT_EQ(registry.counter(metrics::kErrors, {"worker"}).value(), 0);  // not the server's error
-  EXPECT_EQ(post(R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
+  EXPECT_EQ(post(service, "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
 }
 
 // A prompt the policy would have to keep whole but cannot fit: the request's
@@ -449,13 +452,7 @@ TEST_F(OpenAiServiceTest, AReplyInsideAThinkingBlockIsReasoningContent) {
     config.model_id = "tiny";
     config.reasoning = format;
     OpenAiService service(thinking, scheduler, registry_, config);
-    http::Request r;
-    r.method = "POST";
-    r.path = "/v1/chat/completions";
-    r.body = body;
-    RecordingWriter w;
-    service.handle(r, w);
-    return w;
+    return post(service, "/v1/chat/completions", body);
   };
   const std::string body =
       R"({"model": "tiny", "max_tokens": 10, "temperature": 0, "messages": [{"role": "user", "content": "2+2?"}])";
