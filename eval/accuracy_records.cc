@@ -127,7 +127,8 @@ AccuracyRecordLog::AccuracyRecordLog(const std::string& path, const nlohmann::js
         // Both ways: a setting only one of the two headers names differs too.
         nlohmann::json fields = header;
         fields.update(j);
-        for (const auto& [field, ignored] : fields.items()) {
+        for (const auto& item : fields.items()) {
+          const std::string& field = item.key();  // (a structured binding: clang cannot capture it)
           const auto named = [&](const nlohmann::json& h) {
             return h.contains(field) ? h[field].dump() : std::string("unset");
           };
