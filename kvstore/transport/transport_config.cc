@@ -1,9 +1,12 @@
 #include "kvstore/transport/transport_config.h"
 
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -29,6 +32,47 @@ std::vector<std::string> split_tls(std::string_view tls) {
 std::string milliseconds_text(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + "ms"; }
 
 }  // namespace
+
+namespace {
+
+bool same_ip(const sockaddr* a, const sockaddr_storage& b) {
+  if (a->sa_family != b.ss_family) return false;
+  if (a->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(&b)->sin_addr.s_addr;
+  }
+  if (a->sa_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool address_in_this_network_namespace(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) {
+    const uint32_t ip = ntohl(reinterpret_cast<const sockaddr_in*>(&address)->sin_addr.s_addr);
+    if ((ip >> 24) == 127 || ip == INADDR_ANY) return true;
+  } else if (address.ss_family == AF_INET6) {
+    const in6_addr& ip = reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&ip) || IN6_IS_ADDR_UNSPECIFIED(&ip)) return true;
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;  // unknown: leave UCX's choice alone
+  bool found = false;
+  for (const ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+    found = i->ifa_addr != nullptr && same_ip(i->ifa_addr, address);
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+std::string transports_toward(const std::string& requested, const sockaddr_storage& peer) {
+  const char* env = std::getenv("UCX_TLS");
+  if (!requested.empty() || (env != nullptr && *env != '\0')) return requested;
+  return address_in_this_network_namespace(peer) ? requested : "^shm";
+}
 
 std::string effective_tls(std::string_view requested) {
   if (requested.empty()) return {};

@@ -42,6 +42,19 @@ namespace lazykv::transport {
 // md/iface configurations of the context.
 void apply_transport_options(UcxConfig& config, const TransportOptions& options);
 
+// Whether an address belongs to this network namespace: loopback,
+// unspecified, or an address of one of its interfaces.
+bool address_in_this_network_namespace(const sockaddr_storage& address);
+
+// The transports a client uses toward `peer`: `requested` when given (or
+// when UCX_TLS is set), else UCX's choice, except toward a peer outside this
+// network namespace: "^shm". UCX picks shared memory for any peer on the
+// same host (same boot id), but its wake-ups go through an abstract Unix
+// socket, which does not cross network namespaces, so every call would wait
+// for the progress loop's poll tick (40x slower in the chart's pods); a
+// peer on another host never uses shm anyway.
+std::string transports_toward(const std::string& requested, const sockaddr_storage& peer);
+
 // UCX_TLS with what the listener/connector needs added: UCX 1.13 connects
 // through the sockaddr connection manager (tcp sockcm), which is only
 // available when a tcp resource is enabled.

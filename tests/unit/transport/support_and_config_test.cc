@@ -2,6 +2,7 @@
 // unit tests of the pieces without a network: wire header, UCX_TLS handling,
 // transport naming.
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "kvstore/transport/messenger_util.h"
 #include "kvstore/transport/transport_config.h"
 #include "kvstore/transport/wire.h"
 #include "tests/unit/transport/test_support.h"
@@ -279,6 +281,43 @@ TEST(TransportConfig, KnowsWhenSharedMemoryIsEnabled) {
   EXPECT_FALSE(enables_shared_memory("tcp"));
   EXPECT_FALSE(enables_shared_memory("rc,tcp"));
   EXPECT_FALSE(enables_shared_memory("^shm,tcp"));
+}
+
+// Toward a peer outside this network namespace (another pod on this host,
+// or another host) the client leaves shared memory out unless told
+// otherwise; toward this namespace's own addresses UCX chooses.
+TEST(TransportConfig, APeerOutsideThisNetworkNamespaceGetsNoSharedMemory) {
+  const auto at = [](const std::string& host) { return resolve_address(host, 7100, ErrorCode::kInvalidArgument); };
+  const char* saved = std::getenv("UCX_TLS");  // this process's choice is part of the rule
+  const std::string environment = saved != nullptr ? saved : "";
+  ::unsetenv("UCX_TLS");
+  EXPECT_TRUE(address_in_this_network_namespace(at("127.0.0.1")));
+  EXPECT_TRUE(address_in_this_network_namespace(at("127.3.4.5")));
+  EXPECT_TRUE(address_in_this_network_namespace(at("0.0.0.0")));
+  EXPECT_FALSE(address_in_this_network_namespace(at("192.0.2.7")));  // TEST-NET-1: no interface has it
+  // Every address of this namespace's interfaces is its own.
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(getifaddrs(&list), 0);
+  int checked = 0;
+  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    sockaddr_storage own{};
+    std::memcpy(&own, i->ifa_addr, sizeof(sockaddr_in));
+    EXPECT_TRUE(address_in_this_network_namespace(own)) << i->ifa_name;
+    ++checked;
+  }
+  freeifaddrs(list);
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(transports_toward("", at("192.0.2.7")), "^shm");
+  EXPECT_EQ(transports_toward("", at("127.0.0.1")), "");
+  EXPECT_EQ(transports_toward("shm,tcp", at("192.0.2.7")), "shm,tcp");  // asked for: kept
+  ::setenv("UCX_TLS", "tcp", 1);
+  EXPECT_EQ(transports_toward("", at("192.0.2.7")), "");  // the environment's choice stands
+  if (saved != nullptr) {
+    ::setenv("UCX_TLS", environment.c_str(), 1);
+  } else {
+    ::unsetenv("UCX_TLS");
+  }
 }
 
 namespace {
