@@ -88,7 +88,11 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
   }
   Sequence seq;
   try {
-    s.sampling.validate();
+    s.sampling.validate();  // the coordinator validated it: a refusal here is the server's (version skew)
+  } catch (const Error& e) {
+    return e.what();
+  }
+  try {
     PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
     shape.resumed_tokens = s.generated;
     seq.policy = make_policy(s.policy, shape);

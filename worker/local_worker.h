@@ -60,7 +60,7 @@ class LocalWorker final : public StepExecutor {
   };
   void release(SeqId seq);
   // Why the sequence cannot start ("" when it started); invalid_request is
-  // set when the request itself is at fault (its policy or sampling).
+  // set when its policy was refused (StepResult::invalid).
   std::string start(const SequenceStart& s, bool& invalid_request);
   void fill_logprobs(std::span<const float> logits, int top, SampledToken& out);
 

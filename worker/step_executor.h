@@ -59,9 +59,9 @@ struct StepResult {
   bool out_of_memory = false;
   std::vector<SampledToken> tokens;                  // one per item, in item order (when the pass ran)
   std::vector<std::pair<SeqId, std::string>> failed;  // sequences that could not start or run: why
-  // Of `failed`: the requests the worker refused as invalid (a policy the
-  // model cannot run, a prompt the policy cannot keep, bad sampling): the
-  // client's error, not the server's.
+  // Of `failed`: the sequences whose policy the worker refused (one the model
+  // cannot run, a prompt it cannot keep, a config that does not validate):
+  // the client's error when the client chose the policy.
   std::vector<SeqId> invalid;
   double seconds = 0;        // forward pass and sampling
   int32_t batch_tokens = 0;  // tokens fed in the pass

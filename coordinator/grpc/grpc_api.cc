@@ -177,6 +177,7 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
 
   std::vector<SequenceHandle> handles;
   KeyLimiter::Slot slot;
+  bool chose_policy = false;  // a policy the worker refuses is then the request's error
   try {
     if (config_.key_limiter) slot = config_.key_limiter->acquire(key);
     api::Endpoint endpoint{};
@@ -196,6 +197,7 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
     const std::vector<int32_t> prompt = encode_request_prompt(prompts_, tokenizer_, r, 0);
     const int32_t max_tokens = resolve_max_tokens(r, int32_t(prompt.size()), scheduler_.worker_info().n_ctx, config_);
     check_kv_policy(r, int32_t(prompt.size()), scheduler_.worker_info(), config_);
+    chose_policy = r.kv_policy.has_value();
     const char* input = chat ? "messages" : "prompt";
     std::vector<SequenceRequest> sequences =
         make_sequences(with_logprobs, prompt, max_tokens, config_, 0, arrival, response_constraint(*constraints_, r));
@@ -247,9 +249,9 @@ grpc::Status GrpcApi::Generate(grpc::ServerContext* context, const v1::GenerateR
         if (index == 0) usage.set_prompt_tokens(e.prompt_tokens);  // the choices share one prompt
         if (e.finish_reason == "error" || e.finish_reason == "cancelled") {
           if (!failure) {
-            failure = grpc::Status(e.unavailable       ? grpc::UNAVAILABLE
-                                   : e.invalid_request ? grpc::INVALID_ARGUMENT
-                                                       : grpc::INTERNAL,
+            failure = grpc::Status(e.unavailable                         ? grpc::UNAVAILABLE
+                                   : e.invalid_request && chose_policy ? grpc::INVALID_ARGUMENT
+                                                                       : grpc::INTERNAL,
                                    e.error.empty() ? "the sequence was cancelled" : e.error);
           }
           break;

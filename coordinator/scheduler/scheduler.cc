@@ -174,9 +174,8 @@ void Scheduler::finish(Sequence& seq, const std::string& reason, const std::stri
   seq.stream->push(std::move(event));
   if (seq.started) pending_release_.push_back(SeqId(seq.id));
   seq.started = false;
-  // (A refused request is the front end's 400, counted there.)
-  if (reason == "error" && !invalid_request) {
-    metrics_.counter(metrics::kErrors, {unavailable ? "unavailable" : "worker"}).inc();
+  if (reason == "error") {
+    metrics_.counter(metrics::kErrors, {unavailable ? "unavailable" : invalid_request ? "policy_refused" : "worker"}).inc();
   }
 }
 

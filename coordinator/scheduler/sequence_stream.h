@@ -35,7 +35,7 @@ struct SequenceEvent {
   std::string finish_reason;  // "stop", "length", "cancelled" or "error"
   std::string error;          // with "error": what went wrong
   bool unavailable = false;   // with "error": the server could not run it (shutdown, worker down): a 503
-  bool invalid_request = false;  // with "error": the worker refused the request itself (its policy): a 400
+  bool invalid_request = false;  // with "error": the worker refused its policy (a 400 when the request chose it)
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
 };

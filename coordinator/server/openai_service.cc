@@ -445,10 +445,13 @@ void OpenAiService::generate(api::Endpoint endpoint, const http::Request& reques
       if (i % size_t(r.n) == 0) usage.prompt_tokens += e.prompt_tokens;  // each prompt once
       if (e.finish_reason == "error" || e.finish_reason == "cancelled") {
         if (!failure) {
-          failure = e.unavailable       ? api::ApiError(503, "server_error", e.error, "", "unavailable")
-                    : e.invalid_request ? api::ApiError(400, "invalid_request_error", e.error, "kv_policy")
-                                        : api::ApiError(500, "server_error",
-                                                        e.error.empty() ? "the sequence was cancelled" : e.error);
+          // A policy the request chose and the worker refused is the request's
+          // error; the server's own default refused is the server's.
+          const bool refused_request = e.invalid_request && r.kv_policy.has_value();
+          failure = e.unavailable     ? api::ApiError(503, "server_error", e.error, "", "unavailable")
+                    : refused_request ? api::ApiError(400, "invalid_request_error", e.error, "kv_policy")
+                                      : api::ApiError(500, "server_error",
+                                                      e.error.empty() ? "the sequence was cancelled" : e.error);
         }
         continue;
       }

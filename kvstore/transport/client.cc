@@ -78,7 +78,7 @@ struct ClientImpl {
   ClientImpl(TransportOptions opts, const std::string& host, uint16_t port)
       : options(std::move(opts)), peer_address(host + ":" + std::to_string(port)) {
     const sockaddr_storage address = resolve_address(host, port, ErrorCode::kUnavailable);
-    options.transports = transports_toward(options.transports, address);
+    options.peer_in_other_namespace = !address_in_this_network_namespace(address);
     loop = std::make_unique<ProgressLoop>(options);
     try {
       connect(address);

@@ -34,6 +34,14 @@ struct TransportOptions {
   // one host talk over it (sysv/posix messages, cma blocks) and tcp carries
   // only the connection setup.
   std::string transports;
+  // Set by a client toward a peer outside this network namespace: with no
+  // transports given and UCX's TLS at its default (no UCX_TLS, no ucx.conf
+  // line), shared memory is left out. UCX picks it for any peer on the same
+  // host (same boot id), but its wake-ups go through an abstract Unix
+  // socket, which does not cross network namespaces, so every call would
+  // wait for the progress loop's poll tick (40x slower in the chart's pods);
+  // a peer on another host never uses shm anyway.
+  bool peer_in_other_namespace = false;
   // A peer that stops answering is declared dead after this long; it also
   // bounds connecting.
   std::chrono::milliseconds peer_timeout{3000};

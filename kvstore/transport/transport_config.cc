@@ -68,12 +68,6 @@ bool address_in_this_network_namespace(const sockaddr_storage& address) {
   return found;
 }
 
-std::string transports_toward(const std::string& requested, const sockaddr_storage& peer) {
-  const char* env = std::getenv("UCX_TLS");
-  if (!requested.empty() || (env != nullptr && *env != '\0')) return requested;
-  return address_in_this_network_namespace(peer) ? requested : "^shm";
-}
-
 std::string effective_tls(std::string_view requested) {
   if (requested.empty()) return {};
   bool has_tcp = false;
@@ -88,7 +82,11 @@ std::string effective_tls(std::string_view requested) {
 
 void apply_transport_options(UcxConfig& config, const TransportOptions& options) {
   const std::string tls = effective_tls(options.transports);
-  if (!tls.empty()) config.set("TLS", tls);
+  if (!tls.empty()) {
+    config.set("TLS", tls);
+  } else if (options.peer_in_other_namespace && config.value("TLS") == "all") {
+    config.set("TLS", "^shm");
+  }
   const auto interval = std::max(options.peer_timeout / 4, std::chrono::milliseconds(50));
   config.set("KEEPALIVE_INTERVAL", milliseconds_text(interval));
   // Let every endpoint be checked each keepalive round (default: 128 per round).

@@ -22,7 +22,8 @@ namespace lazykv::transport {
 // deployment that needs them off sets the variables in the environment.
 
 // TLS (transports; the sockaddr connection manager needs tcp, so "tcp" is
-// appended when shm alone was asked for: see below), KEEPALIVE_INTERVAL
+// appended when shm alone was asked for: see below; "^shm" for a peer in
+// another network namespace, see TransportOptions), KEEPALIVE_INTERVAL
 // (a quarter of peer_timeout) and the tcp socket keepalive.
 //
 // When shared memory is enabled it also turns on what UCX 1.13 needs to use
@@ -45,15 +46,6 @@ void apply_transport_options(UcxConfig& config, const TransportOptions& options)
 // Whether an address belongs to this network namespace: loopback,
 // unspecified, or an address of one of its interfaces.
 bool address_in_this_network_namespace(const sockaddr_storage& address);
-
-// The transports a client uses toward `peer`: `requested` when given (or
-// when UCX_TLS is set), else UCX's choice, except toward a peer outside this
-// network namespace: "^shm". UCX picks shared memory for any peer on the
-// same host (same boot id), but its wake-ups go through an abstract Unix
-// socket, which does not cross network namespaces, so every call would wait
-// for the progress loop's poll tick (40x slower in the chart's pods); a
-// peer on another host never uses shm anyway.
-std::string transports_toward(const std::string& requested, const sockaddr_storage& peer);
 
 // UCX_TLS with what the listener/connector needs added: UCX 1.13 connects
 // through the sockaddr connection manager (tcp sockcm), which is only

@@ -2,6 +2,11 @@
 
 #include <netinet/in.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 #include <chrono>
 
 namespace lazykv::transport {
@@ -17,6 +22,24 @@ UcxConfig::~UcxConfig() { ucp_config_release(config_); }
 void UcxConfig::set(const char* name, const std::string& value) {
   check_ucs(ucp_config_modify(config_, name, value.c_str()),
             std::string("ucp_config_modify(") + name + "=" + value + ")", ErrorCode::kInvalidArgument);
+}
+
+std::string UcxConfig::value(const char* name) const {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return {};
+  ucp_config_print(config_, stream, nullptr, UCS_CONFIG_PRINT_CONFIG);
+  std::fclose(stream);
+  const std::string printed(text == nullptr ? "" : text, size);
+  std::free(text);
+  const std::string key = std::string("UCX_") + name + "=";
+  for (size_t at = 0; at < printed.size();) {
+    const size_t end = std::min(printed.find('\n', at), printed.size());
+    if (printed.compare(at, key.size(), key) == 0) return printed.substr(at + key.size(), end - at - key.size());
+    at = end + 1;
+  }
+  return {};
 }
 
 UcxContext::UcxContext(const UcxConfig& config, const ucp_params_t& params) {

@@ -26,6 +26,9 @@ class UcxConfig {
   UcxConfig(const UcxConfig&) = delete;
   UcxConfig& operator=(const UcxConfig&) = delete;
   void set(const char* name, const std::string& value);  // ucp_config_modify
+  // A UCP option's value as configured (environment, ucx.conf, set), e.g.
+  // value("TLS") == "all"; empty when it is not printed.
+  std::string value(const char* name) const;
   ucp_config_t* get() const { return config_; }
 
  private:

@@ -289,8 +289,14 @@ TEST_F(OpenAiServiceTest, APolicyTheWorkerRefusesAtStartIsA400) {
   EXPECT_EQ(j["error"]["type"], "invalid_request_error") << refused.body;
   EXPECT_EQ(j["error"]["param"], "kv_policy") << refused.body;
   EXPECT_NE(j["error"]["message"].get<std::string>().find("triattention"), std::string::npos) << refused.body;
-  EXPECT_EQ(registry.counter(metrics::kErrors, {"worker"}).value(), 0);  // not the server's error
+  EXPECT_EQ(registry.counter(metrics::kErrors, {"policy_refused"}).value(), 1);
+  EXPECT_EQ(registry.counter(metrics::kErrors, {"worker"}).value(), 0);
   EXPECT_EQ(post(service, "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
+  // The server's own default refused there is the server's error, not the client's.
+  config.default_policy = make_policy_config(std::string("triattention"));
+  OpenAiService defaulted(*tokenizer_, scheduler, registry, config);
+  const RecordingWriter server_side = post(defaulted, "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})");
+  EXPECT_EQ(server_side.status, 500) << server_side.body;
 }
 
 // A prompt the policy would have to keep whole but cannot fit: the request's

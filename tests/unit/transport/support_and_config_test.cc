@@ -283,14 +283,28 @@ TEST(TransportConfig, KnowsWhenSharedMemoryIsEnabled) {
   EXPECT_FALSE(enables_shared_memory("^shm,tcp"));
 }
 
+namespace {
+// What ucp_config_print shows of `config`: UCT options passed through
+// ucp_config_modify appear as "NAME=value" lines.
+std::string printed(const UcxConfig& config) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return {};
+  ucp_config_print(config.get(), stream, "test", UCS_CONFIG_PRINT_CONFIG);
+  std::fclose(stream);
+  std::string out(text == nullptr ? "" : text, size);
+  std::free(text);
+  return out;
+}
+}  // namespace
+
 // Toward a peer outside this network namespace (another pod on this host,
-// or another host) the client leaves shared memory out unless told
-// otherwise; toward this namespace's own addresses UCX chooses.
+// or another host) a client leaves shared memory out, unless transports were
+// given or UCX's TLS is configured (UCX_TLS, ucx.conf); toward this
+// namespace's own addresses UCX chooses.
 TEST(TransportConfig, APeerOutsideThisNetworkNamespaceGetsNoSharedMemory) {
   const auto at = [](const std::string& host) { return resolve_address(host, 7100, ErrorCode::kInvalidArgument); };
-  const char* saved = std::getenv("UCX_TLS");  // this process's choice is part of the rule
-  const std::string environment = saved != nullptr ? saved : "";
-  ::unsetenv("UCX_TLS");
   EXPECT_TRUE(address_in_this_network_namespace(at("127.0.0.1")));
   EXPECT_TRUE(address_in_this_network_namespace(at("127.3.4.5")));
   EXPECT_TRUE(address_in_this_network_namespace(at("0.0.0.0")));
@@ -308,33 +322,30 @@ TEST(TransportConfig, APeerOutsideThisNetworkNamespaceGetsNoSharedMemory) {
   }
   freeifaddrs(list);
   EXPECT_GT(checked, 0);
-  EXPECT_EQ(transports_toward("", at("192.0.2.7")), "^shm");
-  EXPECT_EQ(transports_toward("", at("127.0.0.1")), "");
-  EXPECT_EQ(transports_toward("shm,tcp", at("192.0.2.7")), "shm,tcp");  // asked for: kept
-  ::setenv("UCX_TLS", "tcp", 1);
-  EXPECT_EQ(transports_toward("", at("192.0.2.7")), "");  // the environment's choice stands
+
+  const char* saved = std::getenv("UCX_TLS");  // the environment is part of the rule
+  const std::string environment = saved != nullptr ? saved : "";
+  const auto tls_of = [](const TransportOptions& options) {
+    UcxConfig config;
+    apply_transport_options(config, options);
+    return config.value("TLS");
+  };
+  ::unsetenv("UCX_TLS");
+  TransportOptions outside;
+  outside.peer_in_other_namespace = true;
+  EXPECT_EQ(tls_of(outside), "^shm");
+  EXPECT_EQ(tls_of(TransportOptions{}), "all");  // UCX's default
+  outside.transports = "shm,tcp";  // asked for: kept
+  EXPECT_EQ(tls_of(outside), "shm,tcp");
+  outside.transports.clear();
+  ::setenv("UCX_TLS", "tcp", 1);  // configured outside the program: it stands
+  EXPECT_EQ(tls_of(outside), "tcp");
   if (saved != nullptr) {
     ::setenv("UCX_TLS", environment.c_str(), 1);
   } else {
     ::unsetenv("UCX_TLS");
   }
 }
-
-namespace {
-// What ucp_config_print shows of `config`: UCT options passed through
-// ucp_config_modify appear as "NAME=value" lines.
-std::string printed(const UcxConfig& config) {
-  char* text = nullptr;
-  size_t size = 0;
-  FILE* stream = open_memstream(&text, &size);
-  if (stream == nullptr) return {};
-  ucp_config_print(config.get(), stream, "test", UCS_CONFIG_PRINT_CONFIG);
-  std::fclose(stream);
-  std::string out(text == nullptr ? "" : text, size);
-  std::free(text);
-  return out;
-}
-}  // namespace
 
 TEST(TransportConfig, SharedMemoryTurnsOnItsPeerFailureSupport) {
   TransportOptions options;
