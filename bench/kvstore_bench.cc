@@ -1,6 +1,7 @@
 // The kvstore end to end on loopback, as a worker sees it: KvstoreClient ->
 // UCX (tcp) -> KvstoreService -> TierStore. Demotion (put into the host
-// tier), a get served from the host tier, and promotion latency: a get of a
+// tier), a get served from the host tier, a row get (the rows of a block
+// that lazy+tiers fetches), and promotion latency: a get of a
 // block that was spilled to the NVMe tier (RocksDB under /tmp), which reads
 // it back, verifies it and moves it to the host tier before sending it.
 // Counters p50_us/p99_us are per-call latency percentiles.
@@ -117,6 +118,30 @@ void BM_GetFromHost(benchmark::State& state) {
   state.SetLabel("host tier hit");
 }
 
+// A row get, as lazy+tiers fetches: `rows` rows (spread over the block) of a
+// 64 KiB block of 256 K rows then 256 V rows of 128 bytes (head_dim 64,
+// f16). Against BM_GetFromHost/65536, the whole block.
+void BM_GetRowsFromHost(benchmark::State& state) {
+  Node& n = node();
+  constexpr uint32_t kRows = 256, kRowBytes = 128;
+  const uint64_t sequence = n.next_sequence++;
+  const BlockKey key{42, sequence, 0, 0, 0, kRows};
+  n.client->put(key, std::span<const uint8_t>(n.staging).first(2 * kRows * kRowBytes), BlockHint{0});
+  RowSelection selection{{}, kRowBytes};
+  const auto rows = uint32_t(state.range(0));
+  for (uint32_t i = 0; i < rows; ++i) selection.rows.push_back(i * (kRows / rows));
+  const auto out = std::span<uint8_t>(n.staging).subspan(kMaxBlock, selection.bytes());
+  std::vector<double> micros;
+  for (auto _ : state) {
+    const auto start = Clock::now();
+    benchmark::DoNotOptimize(n.client->get_rows(key, selection, out, BlockHint{0}));
+    micros.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+  }
+  n.client->drop_sequence(42, sequence);
+  report(state, micros, selection.bytes());
+  state.SetLabel("rows of a 64 KiB block, host tier hit");
+}
+
 // Promotion latency: every get finds its block only in the NVMe tier.
 void BM_PromoteFromNvme(benchmark::State& state) {
   Node& n = node();
@@ -154,6 +179,7 @@ void BM_PromoteFromNvme(benchmark::State& state) {
 
 BENCHMARK(BM_DemoteToHost)->RangeMultiplier(4)->Range(4 << 10, 4 << 20)->UseRealTime();
 BENCHMARK(BM_GetFromHost)->RangeMultiplier(4)->Range(4 << 10, 4 << 20)->UseRealTime();
+BENCHMARK(BM_GetRowsFromHost)->RangeMultiplier(4)->Range(1, 256)->UseRealTime();
 BENCHMARK(BM_PromoteFromNvme)->Arg(64 << 10)->Arg(256 << 10)->Arg(1 << 20)->Arg(4 << 20)->Iterations(8)->UseRealTime();
 
 }  // namespace

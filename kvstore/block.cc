@@ -1,6 +1,9 @@
 #include "kvstore/block.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 
 #include <xxhash.h>
 
@@ -81,6 +84,39 @@ size_t BlockKeyHash::operator()(const BlockKey& key) const {
 
 uint64_t block_checksum(std::span<const uint8_t> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+std::vector<uint8_t> gather_block_rows(const BlockKey& key, std::span<const uint8_t> block, uint64_t checksum,
+                                       const RowSelection& selection) {
+  const size_t row_bytes = selection.row_bytes;
+  const auto& rows = selection.rows;
+  const bool ascending = std::adjacent_find(rows.begin(), rows.end(), std::greater_equal<>()) == rows.end();
+  if (rows.empty() || row_bytes == 0 || !ascending || rows.back() >= key.count ||
+      block.size() != 2 * size_t(key.count) * row_bytes) {
+    throw Error(ErrorCode::kInvalidArgument, "a row get of " + std::to_string(rows.size()) + " rows of " +
+                                                 std::to_string(row_bytes) + " bytes does not fit block " +
+                                                 key.to_string() + " (" + std::to_string(block.size()) + " bytes)");
+  }
+  if (block_checksum(block) != checksum) {
+    throw Error(ErrorCode::kIo, "block " + key.to_string() + " no longer matches its checksum");
+  }
+  std::vector<uint8_t> out(selection.bytes());
+  const uint8_t* v_rows = block.data() + size_t(key.count) * row_bytes;
+  uint8_t* v_out = out.data() + rows.size() * row_bytes;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(out.data() + i * row_bytes, block.data() + rows[i] * row_bytes, row_bytes);
+    std::memcpy(v_out + i * row_bytes, v_rows + rows[i] * row_bytes, row_bytes);
+  }
+  return out;
+}
+
+size_t copy_block_bytes(const BlockKey& key, std::span<const uint8_t> bytes, std::span<uint8_t> out) {
+  if (bytes.size() > out.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "block " + key.to_string() + ": " + std::to_string(bytes.size()) +
+                                                 " bytes to read, the buffer has " + std::to_string(out.size()));
+  }
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return bytes.size();
 }
 
 }  // namespace lazykv::kvstore

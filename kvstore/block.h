@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace lazykv::kvstore {
 
@@ -39,5 +40,26 @@ struct BlockKeyHash {
 
 // XXH3-64 of the block's bytes.
 uint64_t block_checksum(std::span<const uint8_t> bytes);
+
+// Some rows of a block, for a get that needs only those: a lazy+tiers block
+// holds `count` K rows then `count` V rows of `row_bytes` each, and a row
+// get returns the named rows in the same layout ([n] K rows, then [n] V).
+struct RowSelection {
+  std::vector<uint32_t> rows;  // ascending, each < the block's count
+  uint32_t row_bytes = 0;
+  size_t bytes() const { return 2 * rows.size() * size_t(row_bytes); }
+};
+
+// The selected rows of a stored block, after checking the stored bytes
+// against the checksum the block was put with. Error(kIo) if they no longer
+// match (the copy is corrupt); Error(kInvalidArgument) if the selection does
+// not fit the block (empty, out of order or out of range, or a block that is
+// not 2 x count rows of row_bytes).
+std::vector<uint8_t> gather_block_rows(const BlockKey& key, std::span<const uint8_t> block, uint64_t checksum,
+                                       const RowSelection& selection);
+
+// Copies what was read of a block into a caller's buffer; returns the size.
+// Error(kInvalidArgument) if it does not fit.
+size_t copy_block_bytes(const BlockKey& key, std::span<const uint8_t> bytes, std::span<uint8_t> out);
 
 }  // namespace lazykv::kvstore

@@ -23,6 +23,11 @@ class BlockStore {
   // The block's bytes into `out`; returns its size. Error(kNotFound) if the
   // store does not have it; Error(kIo) if it is corrupt; Error(kUnavailable).
   virtual size_t get(const BlockKey& key, std::span<uint8_t> out, BlockHint hint) = 0;
+  // Only the selected rows (RowSelection's layout) into `out`; returns their
+  // size. The errors of get, and Error(kInvalidArgument) for a selection
+  // that does not fit the block.
+  virtual size_t get_rows(const BlockKey& key, const RowSelection& selection, std::span<uint8_t> out,
+                          BlockHint hint) = 0;
   virtual bool drop(const BlockKey& key) = 0;
   virtual size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence) = 0;
   // The tiers' counters (blocks and bytes per tier, admissions, hits).

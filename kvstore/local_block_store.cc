@@ -17,14 +17,13 @@ void LocalBlockStore::put(const BlockKey& key, std::span<const uint8_t> bytes, B
 }
 
 size_t LocalBlockStore::get(const BlockKey& key, std::span<uint8_t> out, BlockHint hint) {
-  ReadLease lease = store_.get(kSelf, key, hint);
-  const std::span<const uint8_t> bytes = lease.bytes();
-  if (bytes.size() > out.size()) {
-    throw Error(ErrorCode::kInvalidArgument, "block " + key.to_string() + " has " + std::to_string(bytes.size()) +
-                                                 " bytes, the buffer " + std::to_string(out.size()));
-  }
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  return bytes.size();
+  const ReadLease lease = store_.get(kSelf, key, hint);
+  return copy_block_bytes(key, lease.bytes(), out);
+}
+
+size_t LocalBlockStore::get_rows(const BlockKey& key, const RowSelection& selection, std::span<uint8_t> out,
+                                 BlockHint hint) {
+  return copy_block_bytes(key, store_.get_rows(kSelf, key, hint, selection), out);
 }
 
 bool LocalBlockStore::drop(const BlockKey& key) { return store_.drop(key); }

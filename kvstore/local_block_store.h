@@ -13,6 +13,8 @@ class LocalBlockStore final : public BlockStore {
 
   void put(const BlockKey& key, std::span<const uint8_t> bytes, BlockHint hint) override;
   size_t get(const BlockKey& key, std::span<uint8_t> out, BlockHint hint) override;
+  size_t get_rows(const BlockKey& key, const RowSelection& selection, std::span<uint8_t> out,
+                  BlockHint hint) override;
   bool drop(const BlockKey& key) override;
   size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence) override;
   TierStoreStats stats() override { return store_.stats(); }

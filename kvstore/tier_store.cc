@@ -634,6 +634,19 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
   return result;
 }
 
+std::vector<uint8_t> TierStore::get_rows(PeerId peer, const BlockKey& key, BlockHint next_use,
+                                        const RowSelection& selection) {
+  ReadLease lease = get(peer, key, next_use);
+  try {
+    return gather_block_rows(key, lease.bytes(), lease.checksum(), selection);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kIo) throw;
+    lease.release();
+    drop(key);  // corrupt in tier 1: never served again
+    throw;
+  }
+}
+
 bool TierStore::drop(const BlockKey& key) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mutex);

@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/metrics/registry.h"
 #include "kvstore/block.h"
@@ -131,6 +132,10 @@ class TierStore {
   // if the tier-2 copy is corrupt (it is erased); Error(kOutOfMemory) if tier
   // 1 has no room to stage it.
   ReadLease get(PeerId peer, const BlockKey& key, BlockHint next_use);
+  // The selected rows of a block (gather_block_rows), copied under a read
+  // lease that ends before this returns. The errors of get; a block whose
+  // bytes no longer match its checksum is erased (Error(kIo)).
+  std::vector<uint8_t> get_rows(PeerId peer, const BlockKey& key, BlockHint next_use, const RowSelection& selection);
 
   bool drop(const BlockKey& key);                           // false if absent
   size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence);  // blocks dropped

@@ -90,6 +90,30 @@ size_t KvstoreClient::get(const BlockKey& key, std::span<uint8_t> out, BlockHint
   pb::GetHeader header;
   to_proto(key, header.mutable_key());
   header.set_steps_until_use(hint.steps_until_use);
+  return read(key, header, out);
+}
+
+size_t KvstoreClient::get_rows(const BlockKey& key, const RowSelection& selection, std::span<uint8_t> out,
+                               BlockHint hint) {
+  if (selection.rows.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "a row get of block " + key.to_string() + " names no row");
+  }
+  if (!info_.row_gets()) {
+    // A kvstore older than row gets would send the whole block: ask for it
+    // and gather here (the same bytes, more of them on the wire).
+    std::vector<uint8_t> block(2 * size_t(key.count) * selection.row_bytes);
+    block.resize(get(key, block, hint));
+    return copy_block_bytes(key, gather_block_rows(key, block, block_checksum(block), selection), out);
+  }
+  pb::GetHeader header;
+  to_proto(key, header.mutable_key());
+  header.set_steps_until_use(hint.steps_until_use);
+  header.mutable_rows()->Add(selection.rows.begin(), selection.rows.end());
+  header.set_row_bytes(selection.row_bytes);
+  return read(key, header, out);
+}
+
+size_t KvstoreClient::read(const BlockKey& key, const pb::GetHeader& header, std::span<uint8_t> out) {
   const transport::Reply reply = call(kOpGet, serialize(header), {}, out, "get");
   pb::ReplyHeader answer;
   parse(reply.header, &answer, "get reply");

@@ -53,6 +53,9 @@ class KvstoreClient final : public BlockStore {
   // `out`; Error(kIo) if what came back is not the block asked for (wrong key
   // or checksum); Error(kUnavailable) if the kvstore is gone.
   size_t get(const BlockKey& key, std::span<uint8_t> out, BlockHint hint = {}) override;
+  // Only the selected rows, gathered by the kvstore: the bytes that travel.
+  size_t get_rows(const BlockKey& key, const RowSelection& selection, std::span<uint8_t> out,
+                  BlockHint hint = {}) override;
   bool drop(const BlockKey& key) override;
   size_t drop_sequence(uint64_t model_fingerprint, uint64_t sequence) override;
   std::string describe() const override;  // "kvstore HOST:PORT via TRANSPORT"
@@ -67,6 +70,7 @@ class KvstoreClient final : public BlockStore {
 
  private:
   ::lazykv::kvstore::v1::StatsReply fetch_stats();
+  size_t read(const BlockKey& key, const ::lazykv::kvstore::v1::GetHeader& header, std::span<uint8_t> out);
   transport::Reply call(uint32_t op, const std::vector<uint8_t>& header, std::span<const uint8_t> payload,
                         std::span<uint8_t> reply_buffer, const char* what);
 

@@ -164,21 +164,32 @@ void KvstoreService::on_request(transport::ServerRequest&& request, transport::R
         parse(request.header, &get, "get");
         const BlockKey key = from_proto(get.key());
         const auto started = Clock::now();
-        auto lease = std::make_shared<ReadLease>(tiers_->get(request.peer, key, BlockHint{get.steps_until_use()}));
+        const BlockHint hint{get.steps_until_use()};
         pb::ReplyHeader header;
         to_proto(key, header.mutable_key());
-        header.set_checksum(lease->checksum());
-        const std::span<const uint8_t> bytes = lease->bytes();
+        // A whole block is sent from the pool under a read lease; a row get
+        // sends the rows gathered under a lease that has already ended.
+        std::shared_ptr<ReadLease> lease;
+        std::shared_ptr<std::vector<uint8_t>> rows;
+        if (get.rows_size() > 0) {
+          const RowSelection selection{{get.rows().begin(), get.rows().end()}, get.row_bytes()};
+          rows = std::make_shared<std::vector<uint8_t>>(tiers_->get_rows(request.peer, key, hint, selection));
+        } else {
+          lease = std::make_shared<ReadLease>(tiers_->get(request.peer, key, hint));
+        }
+        const std::span<const uint8_t> bytes = rows ? std::span<const uint8_t>(*rows) : lease->bytes();
+        header.set_checksum(rows ? block_checksum(bytes) : lease->checksum());
         metrics::Registry* metrics = metrics_;
-        // The lease ends when the payload has left (or the peer is gone).
-        responder.reply(transport::kStatusOk, serialize(header), bytes, [lease, metrics, started](bool sent) {
-          if (sent && metrics != nullptr) {
-            metrics->counter(metrics::kTransferBytes, {"host", "device"}).inc(double(lease->bytes().size()));
-            metrics->histogram(metrics::kTransferDuration, {"host", "device"})
-                .observe(std::chrono::duration<double>(Clock::now() - started).count());
-          }
-          lease->release();
-        });
+        // The lease (or the gathered rows) lives until the payload has left, or the peer is gone.
+        responder.reply(transport::kStatusOk, serialize(header), bytes,
+                        [lease, rows, size = bytes.size(), metrics, started](bool sent) {
+                          if (sent && metrics != nullptr) {
+                            metrics->counter(metrics::kTransferBytes, {"host", "device"}).inc(double(size));
+                            metrics->histogram(metrics::kTransferDuration, {"host", "device"})
+                                .observe(std::chrono::duration<double>(Clock::now() - started).count());
+                          }
+                          if (lease) lease->release();
+                        });
         break;
       }
       case kOpDrop: {
@@ -215,6 +226,7 @@ grpc::Status KvstoreService::Info(grpc::ServerContext*, const pb::InfoRequest*, 
   response->set_nvme_capacity_bytes(options_.tiers.nvme_path.empty() ? 0 : options_.tiers.nvme_capacity_bytes);
   response->set_instance_id(instance_id_);
   response->set_replacement(options_.tiers.replacement);
+  response->set_row_gets(true);
   return grpc::Status::OK;
 }
 

@@ -148,6 +148,25 @@ TEST_P(KvstoreProcessTest, DemotedBlocksComeBackByteForByte) {
     ASSERT_EQ(n, size_t(key.count) * 256);
     EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.begin() + n), payload_of(key, n)) << key.to_string();
   }
+  // Row gets: the kvstore gathers the named K and V rows and sends only them.
+  for (const BlockKey& key : {keys.front(), keys.back()}) {
+    const std::vector<uint8_t> block = payload_of(key, size_t(key.count) * 256);
+    const RowSelection selection{{0, 2, key.count - 1}, 128};
+    std::vector<uint8_t> expected;
+    for (uint32_t half : {0u, key.count}) {
+      for (uint32_t row : selection.rows) {
+        expected.insert(expected.end(), block.begin() + (half + row) * 128, block.begin() + (half + row + 1) * 128);
+      }
+    }
+    ASSERT_EQ(client.get_rows(key, selection, out), expected.size());
+    EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.begin() + std::ptrdiff_t(expected.size())), expected);
+  }
+  try {
+    client.get_rows(keys.front(), RowSelection{{keys.front().count}, 128}, out);
+    ADD_FAILURE() << "a row past the block was served";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
   // A read lease ends when its payload has left the kvstore (the send's
   // completion), which may come just after the client holds the bytes.
   TierStoreStats stats = client.stats();

@@ -128,9 +128,24 @@ bool TierMover::put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kv
 }
 
 std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t bytes, kvstore::BlockHint hint) {
+  return start_fetch(key, bytes, [key, hint](kvstore::BlockStore& store, std::span<uint8_t> out) {
+    return store.get(key, out, hint);
+  });
+}
+
+std::shared_ptr<Fetch> TierMover::fetch_rows(const kvstore::BlockKey& key, kvstore::RowSelection selection,
+                                             kvstore::BlockHint hint) {
+  const size_t bytes = selection.bytes();
+  return start_fetch(key, bytes, [key, selection = std::move(selection), hint](kvstore::BlockStore& store,
+                                                                               std::span<uint8_t> out) {
+    return store.get_rows(key, selection, out, hint);
+  });
+}
+
+std::shared_ptr<Fetch> TierMover::start_fetch(const kvstore::BlockKey& key, size_t bytes, Read read) {
   if (!available()) return nullptr;
   auto fetch = std::make_shared<Fetch>();
-  enqueue(lane_of(key), Op{[this, key, bytes, hint, fetch] {
+  enqueue(lane_of(key), Op{[this, key, bytes, read = std::move(read), fetch] {
                const std::shared_ptr<kvstore::BlockStore> store = live_store();
                if (!store) {
                  fetch->finish(Fetch::State::kFailed, "tiers unavailable");
@@ -138,7 +153,7 @@ std::shared_ptr<Fetch> TierMover::fetch(const kvstore::BlockKey& key, size_t byt
                }
                try {
                  fetch->bytes_.resize(bytes);
-                 const size_t got = store->get(key, fetch->bytes_, hint);
+                 const size_t got = read(*store, fetch->bytes_);
                  if (got != bytes) {
                    throw Error(ErrorCode::kIo, "block " + key.to_string() + " came back with " + std::to_string(got) +
                                                    " bytes, expected " + std::to_string(bytes));

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +77,9 @@ class TierMover {
   bool put(const kvstore::BlockKey& key, std::vector<uint8_t> bytes, kvstore::BlockHint hint);
   // Queues a fetch of a block of `bytes` bytes; null when the tiers are off.
   std::shared_ptr<Fetch> fetch(const kvstore::BlockKey& key, size_t bytes, kvstore::BlockHint hint);
+  // Queues a fetch of some rows of a block (only those travel); null when the tiers are off.
+  std::shared_ptr<Fetch> fetch_rows(const kvstore::BlockKey& key, kvstore::RowSelection selection,
+                                    kvstore::BlockHint hint);
   void drop(const kvstore::BlockKey& key);
   void drop_sequence(uint64_t model_fingerprint, uint64_t sequence);
   // Waits until everything queued so far is done.
@@ -103,6 +107,8 @@ class TierMover {
     bool busy = false;
     std::thread thread;
   };
+  using Read = std::function<size_t(kvstore::BlockStore&, std::span<uint8_t> out)>;
+  std::shared_ptr<Fetch> start_fetch(const kvstore::BlockKey& key, size_t bytes, Read read);
   void enqueue(size_t lane, Op op);
   void loop(Lane& lane);
   bool idle_locked() const;

@@ -101,6 +101,44 @@ TEST(TierStore, PutCommitGetRoundTrip) {
   EXPECT_EQ(store.stats().misses, 1u);
 }
 
+// The named rows of a block of K rows then V rows, gathered by hand.
+std::vector<uint8_t> rows_of(const std::vector<uint8_t>& block, uint32_t count, const RowSelection& selection) {
+  std::vector<uint8_t> out;
+  for (size_t half : {size_t(0), size_t(count)}) {
+    for (uint32_t row : selection.rows) {
+      const auto first = block.begin() + std::ptrdiff_t((half + row) * selection.row_bytes);
+      out.insert(out.end(), first, first + selection.row_bytes);
+    }
+  }
+  return out;
+}
+
+TEST(TierStore, ARowGetGathersTheNamedRowsAndRefusesSelectionsThatDoNotFit) {
+  TierStore store(host_only(4));
+  const BlockKey key = key_of(1, 0);  // 16 rows
+  const auto bytes = payload(key, 1, 2 * 16 * 64);
+  put(store, key, bytes);
+  const RowSelection selection{{0, 5, 15}, 64};
+  EXPECT_EQ(store.get_rows(2, key, {}, selection), rows_of(bytes, 16, selection));
+  EXPECT_EQ(store.stats().leases, 0u) << "the lease ends with the copy";
+  for (const RowSelection& bad : {RowSelection{{}, 64}, RowSelection{{3, 3}, 64}, RowSelection{{5, 2}, 64},
+                                  RowSelection{{16}, 64}, RowSelection{{0}, 32}, RowSelection{{0}, 0}}) {
+    expect_error(ErrorCode::kInvalidArgument, [&] { store.get_rows(2, key, {}, bad); });
+  }
+  expect_error(ErrorCode::kNotFound, [&] { store.get_rows(2, key_of(1, 16), {}, selection); });
+  EXPECT_EQ(store.stats().host_blocks, 1u) << "a refused selection leaves the block";
+}
+
+TEST(TierStore, ARowGetOfACorruptHostCopyIsAnIoErrorAndErasesIt) {
+  TierStore store(host_only(4));
+  const BlockKey key = key_of(1, 0);
+  put(store, key, payload(key, 1, 2 * 16 * 64));
+  store.host_arena()[100] ^= 0x10;  // the only block starts the arena
+  expect_error(ErrorCode::kIo, [&] { store.get_rows(2, key, {}, RowSelection{{1}, 64}); });
+  EXPECT_EQ(store.stats().host_blocks, 0u);
+  expect_error(ErrorCode::kNotFound, [&] { store.get(2, key, {}); });
+}
+
 TEST(TierStore, RejectsEmptyAndOversizedPuts) {
   TierStore store(host_only(2));
   expect_error(ErrorCode::kInvalidArgument, [&] { store.reserve_put(1, key_of(1, 0), 0, {}); });

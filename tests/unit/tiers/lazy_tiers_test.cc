@@ -1,7 +1,8 @@
 // lazy+tiers driven step by step with chosen attention hits on a one-head
-// cache: a recurring token is demoted when evicted, fetched one window
-// before its predicted recurrence, promoted back with its exact K/V bytes
-// and state, and its next hit counts as a promotion hit. Without tiers the
+// cache: a recurring token is demoted when evicted, its row fetched before
+// its predicted recurrence, promoted back with its exact K/V bytes and
+// state, and its next hit counts as a promotion hit; evicted again, it goes
+// back to the block that still holds it. Without tiers the
 // policy evicts exactly like lazy; when the kvstore dies mid-run the worker
 // goes on without tiers.
 #include <gtest/gtest.h>
@@ -27,9 +28,9 @@ constexpr int32_t kPrompt = 8;
 constexpr int32_t kRecurring = 2;  // the prompt position that recurs every 8 steps
 
 // K and V rows that name their position, so a wrong row is visible.
-std::vector<uint16_t> row_of(int32_t pos, float salt) {
-  std::vector<uint16_t> row(kDim);
-  for (int d = 0; d < kDim; ++d) row[size_t(d)] = fp32_to_fp16(float(pos) + salt + 0.125f * float(d));
+std::vector<uint16_t> row_of(int32_t pos, float salt, int dim = kDim) {
+  std::vector<uint16_t> row(static_cast<size_t>(dim));
+  for (int d = 0; d < dim; ++d) row[size_t(d)] = fp32_to_fp16(float(pos) + salt + 0.125f * float(d));
   return row;
 }
 
@@ -39,21 +40,21 @@ std::vector<uint16_t> row_of(int32_t pos, float salt) {
 // step 12, predicted back at 18 and really used at 21.
 class Driver {
  public:
-  explicit Driver(const std::string& policy_name, int32_t budget = 16, int32_t window = 4)
-      : cache_({1, 1, kDim, 8, 0}) {
-    const PolicyConfig config =
-        make_policy_config(policy_name, policy_name == "lazy"
-                                            ? std::map<std::string, std::string>{{"budget", std::to_string(budget)},
-                                                                                 {"window", std::to_string(window)},
-                                                                                 {"alpha", "0.5"}}
-                                            : std::map<std::string, std::string>{{"budget", std::to_string(budget)},
-                                                                                 {"window", std::to_string(window)},
-                                                                                 {"alpha", "0.5"},
-                                                                                 {"probe", "0"}});
+  // `tiers_params` are added to lazy+tiers' (budget, window, alpha, probe 0).
+  explicit Driver(const std::string& policy_name, int32_t budget = 16, int32_t window = 4,
+                  std::map<std::string, std::string> tiers_params = {}, int dim = kDim)
+      : dim_(dim), cache_({1, 1, dim, 8, 0}) {
+    std::map<std::string, std::string> params{
+        {"budget", std::to_string(budget)}, {"window", std::to_string(window)}, {"alpha", "0.5"}};
+    if (policy_name == "lazy+tiers") {
+      params["probe"] = "0";
+      params.merge(tiers_params);
+    }
+    const PolicyConfig config = make_policy_config(policy_name, params);
     PolicyShape shape;
     shape.n_layer = 1;
     shape.n_head_kv = 1;
-    shape.head_dim = kDim;
+    shape.head_dim = dim;
     shape.prompt_len = kPrompt;
     policy_ = make_policy(config, shape);
     cache_.add_sequence(0, policy_->heads_per_layer());
@@ -85,9 +86,10 @@ class Driver {
 
  private:
   void append(int32_t pos) {
-    const std::vector<uint16_t> k = row_of(pos, 0.0f), v = row_of(pos, 1000.0f);
+    const std::vector<uint16_t> k = row_of(pos, 0.0f, dim_), v = row_of(pos, 1000.0f, dim_);
     cache_.append(0, 0, 0, pos, k.data(), v.data());
   }
+  int dim_;
   KvCache cache_;
   std::unique_ptr<EvictionPolicy> policy_;
 };
@@ -102,8 +104,11 @@ class LazyTiersTest : public ::testing::Test {
   void TearDown() override { tiers::configure_tiers(tiers::TierConfig{}); }
 };
 
+// The default lead (16) is capped at W = 4: rows are requested at the
+// eviction step before. One row per request (fetch 1), so the bytes show
+// that rows travel, not blocks.
 TEST_F(LazyTiersTest, ARecurringTokenIsDemotedThenPromotedBackWithItsExactBytes) {
-  Driver driver("lazy+tiers");
+  Driver driver("lazy+tiers", 16, 4, {{"fetch", "1"}});
   std::vector<int32_t> kept;
   for (int t = 1; t <= 12; ++t) kept = driver.step();
   // Step 12: 20 slots, budget 16: the recurring token (the lowest score) leaves.
@@ -115,7 +120,8 @@ TEST_F(LazyTiersTest, ARecurringTokenIsDemotedThenPromotedBackWithItsExactBytes)
   EXPECT_EQ(after_evict.demoted_bytes, 4 * kDim * 2 * 2);
   for (int t = 13; t <= 19; ++t) kept = driver.step();
   EXPECT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 0);
-  // Step 20: its recurrence (last 10 + mri 8 = 18) is due; fetched at step 16, promoted now.
+  // Step 20: its recurrence (last 10 + mri 8 = 18) is due; its row was
+  // fetched `lead` steps before, and it is promoted now.
   kept = driver.step();
   ASSERT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 1);
   EXPECT_LE(kept.size(), 16u) << "promotion displaces residents: the budget holds";
@@ -135,10 +141,91 @@ TEST_F(LazyTiersTest, ARecurringTokenIsDemotedThenPromotedBackWithItsExactBytes)
   driver.step();
   c = driver.policy().tier_counters();
   EXPECT_EQ(c.promotion_hits, 1);
-  // Scored low again (interval 11 now), it leaves at step 24 and is demoted again.
-  for (int t = 22; t <= 24; ++t) kept = driver.step();
+  // Scored low again (interval 11 now), it leaves at step 24; its bytes are
+  // still in its block, so nothing is demoted: it is a candidate again.
+  for (int t = 22; t <= 23; ++t) kept = driver.step();
+  const std::set<int32_t> before(kept.begin(), kept.end());
+  const TierCounters before_counters = driver.policy().tier_counters();
+  kept = driver.step();
   EXPECT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 0);
-  EXPECT_GT(driver.policy().tier_counters().demoted_slots, after_evict.demoted_slots);
+  const int64_t left = std::count_if(before.begin(), before.end(), [&](int32_t pos) {
+    return std::find(kept.begin(), kept.end(), pos) == kept.end();
+  });
+  ASSERT_GE(left, 2);
+  c = driver.policy().tier_counters();
+  EXPECT_EQ(c.demoted_slots - before_counters.demoted_slots, left - 1)
+      << "every slot that left is demoted but the recurring token, whose block still holds it";
+  EXPECT_EQ(c.demoted_bytes - before_counters.demoted_bytes, (left - 1) * kDim * 2 * 2);
+  // Its next recurrence (last 21 + mri 11 = 32) is due at step 32: the same
+  // row of the same block comes back, with its new statistics.
+  for (int t = 25; t <= 31; ++t) kept = driver.step();
+  EXPECT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 0);
+  kept = driver.step();
+  ASSERT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 1);
+  const auto again = size_t(std::find(kept.begin(), kept.end(), kRecurring) - kept.begin());
+  driver.cache().read_slot(0, 0, 0, int32_t(again), k.data(), v.data());
+  EXPECT_EQ(k, row_of(kRecurring, 0.0f));
+  EXPECT_EQ(v, row_of(kRecurring, 1000.0f));
+  const nlohmann::json state_again = driver.policy().slot_state(0, 0);
+  EXPECT_EQ(state_again["last"][again].get<int32_t>(), 21);
+  EXPECT_EQ(state_again["mri"][again].get<int32_t>(), 11);
+  c = driver.policy().tier_counters();
+  EXPECT_EQ(c.promoted_slots, 2);
+  EXPECT_GE(c.fetched_blocks, 2);
+  EXPECT_EQ(c.fetched_bytes, c.fetched_blocks * 2 * kDim * 2) << "one K and one V row per request, not blocks";
+}
+
+// With lead 2 < W the row is requested between eviction steps (at step 14,
+// for step 16, whose window [12, 20) holds its recurrence 18), so a token
+// evicted at step 12 can come back at the very next eviction step.
+TEST_F(LazyTiersTest, RowsRequestedBetweenEvictionStepsComeBackAtTheNextOne) {
+  Driver driver("lazy+tiers", 16, 4, {{"lead", "2"}, {"fetch", "1"}});
+  std::vector<int32_t> kept;
+  for (int t = 1; t <= 15; ++t) kept = driver.step();
+  EXPECT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 0);
+  EXPECT_EQ(driver.policy().tier_counters().promoted_slots, 0);
+  kept = driver.step();
+  ASSERT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 1);
+  const auto slot = size_t(std::find(kept.begin(), kept.end(), kRecurring) - kept.begin());
+  std::vector<uint16_t> k(kDim), v(kDim);
+  driver.cache().read_slot(0, 0, 0, int32_t(slot), k.data(), v.data());
+  EXPECT_EQ(k, row_of(kRecurring, 0.0f));
+  EXPECT_EQ(v, row_of(kRecurring, 1000.0f));
+  const TierCounters c = driver.policy().tier_counters();
+  EXPECT_EQ(c.promoted_slots, 1);
+  EXPECT_EQ(c.fetched_blocks, 1);
+  EXPECT_EQ(c.fetched_bytes, 2 * kDim * 2);
+}
+
+// With a head dimension Q8_0 can split, rows travel as Q8_0 (34 bytes per 32
+// values) unless q8 = 0, and come back within its quantization step.
+TEST_F(LazyTiersTest, RowsTravelAsQ8UnlessAskedForF16) {
+  constexpr int kQ8Dim = 32;
+  for (const char* q8 : {"1", "0"}) {
+    SCOPED_TRACE(std::string("q8=") + q8);
+    Driver driver("lazy+tiers", 16, 4, {{"q8", q8}}, kQ8Dim);
+    std::vector<int32_t> kept;
+    for (int t = 1; t <= 20; ++t) kept = driver.step();
+    ASSERT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 1);
+    const size_t row_bytes = q8[0] == '1' ? 34 : kQ8Dim * 2;
+    EXPECT_EQ(driver.policy().tier_counters().demoted_bytes % int64_t(2 * row_bytes), 0);
+    EXPECT_EQ(driver.policy().tier_counters().promoted_bytes, int64_t(2 * row_bytes));
+    const auto slot = size_t(std::find(kept.begin(), kept.end(), kRecurring) - kept.begin());
+    std::vector<uint16_t> k(kQ8Dim), v(kQ8Dim);
+    driver.cache().read_slot(0, 0, 0, int32_t(slot), k.data(), v.data());
+    const std::vector<uint16_t> k_sent = row_of(kRecurring, 0.0f, kQ8Dim), v_sent = row_of(kRecurring, 1000.0f, kQ8Dim);
+    if (q8[0] == '0') {
+      EXPECT_EQ(k, k_sent);
+      EXPECT_EQ(v, v_sent);
+      continue;
+    }
+    EXPECT_NE(v, v_sent) << "V near 1000 cannot be exact on the int8 grid";
+    for (int d = 0; d < kQ8Dim; ++d) {
+      // Half a step of the int8 grid of the row's largest value, plus f16 rounding.
+      EXPECT_NEAR(fp16_to_fp32(k[size_t(d)]), fp16_to_fp32(k_sent[size_t(d)]), 6.0f / 127 + 0.01f);
+      EXPECT_NEAR(fp16_to_fp32(v[size_t(d)]), fp16_to_fp32(v_sent[size_t(d)]), 1006.0f / 127 * 0.51f + 1.0f);
+    }
+  }
 }
 
 TEST_F(LazyTiersTest, WithoutTiersItEvictsExactlyLikeLazy) {

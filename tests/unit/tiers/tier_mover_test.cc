@@ -1,7 +1,7 @@
 // The mover's failure rules with a store that fails on purpose: only an
 // unreachable store turns the tiers off; any other failure, even one that is
 // not a lazykv::Error (a failed allocation), fails that one operation and the
-// mover's threads go on.
+// mover's threads go on. And a row fetch against a real in-process store.
 #include "worker/tiers/tier_mover.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "kvstore/local_block_store.h"
 
 namespace lazykv::tiers {
 namespace {
@@ -28,6 +29,10 @@ class FaultyStore final : public kvstore::BlockStore {
   size_t get(const kvstore::BlockKey&, std::span<uint8_t>, kvstore::BlockHint) override {
     if (unreachable) throw Error(ErrorCode::kUnavailable, "kvstore gone");
     throw std::runtime_error("not an Error");
+  }
+  size_t get_rows(const kvstore::BlockKey& key, const kvstore::RowSelection&, std::span<uint8_t> out,
+                  kvstore::BlockHint hint) override {
+    return get(key, out, hint);
   }
   bool drop(const kvstore::BlockKey&) override { return false; }
   size_t drop_sequence(uint64_t, uint64_t) override { return 0; }
@@ -87,6 +92,33 @@ TEST(TierMover, OneHeadsLayersSpreadOverTheLanes) {
     }
     EXPECT_EQ(lanes.size(), TierMover::kLanes) << "sequence " << seq;
   }
+}
+
+// A row fetch through an in-process tier store: only the named rows come
+// back, counted as fetched bytes; a selection that does not fit the block
+// fails that fetch alone.
+TEST(TierMover, ARowFetchBringsOnlyTheNamedRows) {
+  kvstore::TierStoreOptions options;
+  options.host_capacity_bytes = 1 << 20;
+  options.host_alloc_unit = 4096;
+  TierMover mover(std::make_unique<kvstore::LocalBlockStore>(options));
+  const kvstore::BlockKey key{1, 2, 0, 0, 100, 8};  // 8 K rows then 8 V rows of 4 bytes
+  std::vector<uint8_t> block(64);
+  for (size_t i = 0; i < block.size(); ++i) block[i] = uint8_t(i);
+  ASSERT_TRUE(mover.put(key, block, {}));
+  const std::shared_ptr<Fetch> fetch = mover.fetch_rows(key, kvstore::RowSelection{{1, 6}, 4}, {});
+  ASSERT_NE(fetch, nullptr);
+  fetch->wait();
+  ASSERT_EQ(fetch->state(), Fetch::State::kDone) << fetch->error();
+  const std::vector<uint8_t> expected{4, 5, 6, 7, 24, 25, 26, 27, 36, 37, 38, 39, 56, 57, 58, 59};
+  EXPECT_EQ(fetch->bytes(), expected);
+  EXPECT_EQ(mover.stats().bytes_fetched, 16u);
+  const std::shared_ptr<Fetch> bad = mover.fetch_rows(key, kvstore::RowSelection{{8}, 4}, {});
+  bad->wait();
+  EXPECT_EQ(bad->state(), Fetch::State::kFailed);
+  mover.flush();
+  EXPECT_TRUE(mover.available()) << "a bad selection is not a dead kvstore";
+  EXPECT_EQ(mover.stats().failures, 1u);
 }
 
 }  // namespace
