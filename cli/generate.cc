@@ -121,7 +121,7 @@ int run_generate(const std::vector<std::string>& args) {
   if (policy_config.name.ends_with("+tiers")) {
     const TierCounters t = policy->tier_counters();
     std::fprintf(stderr,
-                 "[tiers %s: %lld slots demoted (%.1f MiB), %lld promoted, %lld promotion hits, %lld blocks fetched "
+                 "[tiers %s: %lld slots demoted (%.1f MiB), %lld promoted, %lld promotion hits, %lld row requests "
                  "(%.1f MiB), %lld waits]\n",
                  t.tiers_available ? "on" : "off", static_cast<long long>(t.demoted_slots),
                  double(t.demoted_bytes) / (1 << 20), static_cast<long long>(t.promoted_slots),

@@ -384,10 +384,10 @@ class LazyTiersPolicy final : public EvictionPolicy {
       }
       if (b.fetch->state() != tiers::Fetch::State::kDone) {
         b.lost = true;  // its slots are gone for good
+        --fetched_blocks_;
+        fetched_bytes_ -= int64_t(2 * b.fetched_rows.size() * row_format_.row_bytes());
         continue;
       }
-      ++fetched_blocks_;
-      fetched_bytes_ += int64_t(b.fetch->bytes().size());
       for (size_t i = 0; i < b.fetched_rows.size(); ++i) {
         const int32_t j = int32_t(b.fetched_rows[i]);
         if (!b.alive[size_t(j)]) continue;
@@ -443,8 +443,16 @@ class LazyTiersPolicy final : public EvictionPolicy {
       for (; i < wanted.size() && wanted[i].block == block; ++i) selection.rows.push_back(wanted[i].row);
       Demoted& b = ht.blocks[block];
       b.fetched_rows = selection.rows;
+      const int64_t bytes = int64_t(selection.bytes());
       b.fetch = mover_->fetch_rows(b.key, std::move(selection), kvstore::BlockHint{uint64_t(lead)});
-      if (!b.fetch) b.fetched_rows.clear();
+      if (!b.fetch) {
+        b.fetched_rows.clear();
+        continue;
+      }
+      // Counted when asked for, so rows requested for a step the sequence
+      // never reaches count too; a fetch that fails is taken back.
+      ++fetched_blocks_;
+      fetched_bytes_ += bytes;
     }
   }
 

@@ -71,8 +71,10 @@ struct TierCounters {
   int64_t demoted_slots = 0, demoted_bytes = 0;
   int64_t promoted_slots = 0, promoted_bytes = 0;
   int64_t promotion_hits = 0;   // promoted slots that received attention >= alpha before leaving again
-  int64_t fetched_blocks = 0, fetched_bytes = 0;  // brought back, promoted or not
-  int64_t fetch_waits = 0;      // eviction steps that waited for a block still in flight
+  // Row requests (one per block with rows wanted; the name predates row
+  // gets) and the bytes they bring back, promoted or not (failed ones left out).
+  int64_t fetched_blocks = 0, fetched_bytes = 0;
+  int64_t fetch_waits = 0;      // row requests an eviction step had to wait for, still in flight
   bool tiers_available = true;
 
   // Sums over sequences (available only when every sequence had tiers).
