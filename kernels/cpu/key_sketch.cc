@@ -9,7 +9,7 @@
 namespace lazykv::cpu {
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kEdgeRounding = 4 * std::numeric_limits<float>::epsilon();
 
 // Cell c of a dimension: [low, high]. The last cell ends at hi exactly, so
 // the cells cover [lo, hi] whatever the rounding of lo + 16 s.
@@ -46,12 +46,14 @@ void encode_key_sketch(const uint16_t* keys, int32_t rows, int dim, const float*
 void key_sketch_table(const float* q, int dim, const float* lo, const float* hi, float* table) {
   for (int d = 0; d < dim; ++d) {
     const float step = (hi[d] - lo[d]) / float(kKeySketchCells);
+    // A few ulps of the dimension's magnitude: encode and this table may
+    // round a cell edge (or contract it into an FMA) differently, and the
+    // bound must hold.
+    const float slack = std::abs(q[d]) * (std::abs(lo[d]) + std::abs(hi[d])) * kEdgeRounding;
     for (int c = 0; c < kKeySketchCells; ++c) {
-      // One ulp wider than the cell that encode saw: the two sites may round
-      // (or contract into an FMA) differently, and the bound must hold.
-      const float low = std::nextafter(step > 0 ? cell_low(lo[d], step, c) : lo[d], -kInf);
-      const float high = std::nextafter(step > 0 ? cell_high(lo[d], hi[d], step, c) : hi[d], kInf);
-      table[size_t(d) * kKeySketchCells + size_t(c)] = std::max(q[d] * low, q[d] * high);
+      const float low = step > 0 ? cell_low(lo[d], step, c) : lo[d];
+      const float high = step > 0 ? cell_high(lo[d], hi[d], step, c) : hi[d];
+      table[size_t(d) * kKeySketchCells + size_t(c)] = std::max(q[d] * low, q[d] * high) + slack;
     }
   }
 }
