@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -38,23 +40,36 @@ std::vector<uint16_t> row_of(int32_t pos, float salt, int dim = kDim) {
 // recurring token, which is hit only at steps 2, 10 and 21 (when it is in
 // the cache): its recurrence interval is 8 by step 10, it is evicted at
 // step 12, predicted back at 18 and really used at 21.
+// A test may script the steps otherwise: which slots each step hits, the
+// K rows, and the query each step hands the policy (for the probe).
+struct Script {
+  std::function<bool(int32_t pos, int32_t t)> hit = [](int32_t pos, int32_t t) {
+    return pos != kRecurring || t == 2 || t == 10 || t == 21;
+  };
+  std::function<std::vector<uint16_t>(int32_t pos, int dim)> key = [](int32_t pos, int dim) {
+    return row_of(pos, 0.0f, dim);
+  };
+  std::function<std::vector<float>(int32_t t, int dim)> query;  // empty: none handed over
+};
+
 class Driver {
  public:
   // `tiers_params` are added to lazy+tiers' (budget, window, alpha, probe 0).
   explicit Driver(const std::string& policy_name, int32_t budget = 16, int32_t window = 4,
-                  std::map<std::string, std::string> tiers_params = {}, int dim = kDim)
-      : dim_(dim), cache_({1, 1, dim, 8, 0}) {
+                  std::map<std::string, std::string> tiers_params = {}, int dim = kDim, Script script = {})
+      : dim_(dim), script_(std::move(script)), cache_({1, 1, dim, 8, 0}) {
     std::map<std::string, std::string> params{
         {"budget", std::to_string(budget)}, {"window", std::to_string(window)}, {"alpha", "0.5"}};
     if (policy_name == "lazy+tiers") {
       params["probe"] = "0";
-      params.merge(tiers_params);
+      for (const auto& [name, value] : tiers_params) params[name] = value;
     }
     const PolicyConfig config = make_policy_config(policy_name, params);
     PolicyShape shape;
     shape.n_layer = 1;
     shape.n_head_kv = 1;
     shape.head_dim = dim;
+    shape.attn_scale = 1.0f / std::sqrt(float(dim));
     shape.prompt_len = kPrompt;
     policy_ = make_policy(config, shape);
     cache_.add_sequence(0, policy_->heads_per_layer());
@@ -73,8 +88,11 @@ class Driver {
     const cpu::AttentionStats* stats = policy_->stats(0, 0, pos);
     const std::span<const int32_t> positions = cache_.positions(0, 0, 0);
     for (size_t i = 0; i < positions.size(); ++i) {
-      const bool recurring = positions[i] == kRecurring;
-      if (!recurring || t == 2 || t == 10 || t == 21) stats->hits[i] = 1;
+      if (script_.hit(positions[i], t)) stats->hits[i] = 1;
+    }
+    if (float* query = policy_->query_buffer(0, 0, pos); query != nullptr && script_.query) {
+      const std::vector<float> q = script_.query(t, dim_);
+      std::copy(q.begin(), q.end(), query);
     }
     policy_->end_step(0, cache_, 0);
     const std::span<const int32_t> kept = cache_.positions(0, 0, 0);
@@ -86,10 +104,11 @@ class Driver {
 
  private:
   void append(int32_t pos) {
-    const std::vector<uint16_t> k = row_of(pos, 0.0f, dim_), v = row_of(pos, 1000.0f, dim_);
+    const std::vector<uint16_t> k = script_.key(pos, dim_), v = row_of(pos, 1000.0f, dim_);
     cache_.append(0, 0, 0, pos, k.data(), v.data());
   }
   int dim_;
+  Script script_;
   KvCache cache_;
   std::unique_ptr<EvictionPolicy> policy_;
 };
@@ -195,6 +214,40 @@ TEST_F(LazyTiersTest, RowsRequestedBetweenEvictionStepsComeBackAtTheNextOne) {
   EXPECT_EQ(c.promoted_slots, 1);
   EXPECT_EQ(c.fetched_blocks, 1);
   EXPECT_EQ(c.fetched_bytes, 2 * kDim * 2);
+}
+
+// The probe alone: the recurring token is hit at steps 2 and 3 only, so its
+// scheduled recurrence (4) is long past when it is evicted (step 12) and
+// never due again. Its key points along dimension 1, every other key along dimension
+// 0. When the query turns to dimension 1 (from step 14 on), the token's
+// sketch bound reaches the hit level at the request (step 14, lead 2), its
+// fetched key passes the probe at step 16, and it is back; with the query
+// never turning, it stays out.
+TEST_F(LazyTiersTest, TheProbeBringsBackATokenTheQueryTurnsTo) {
+  for (bool turn : {true, false}) {
+    SCOPED_TRACE(turn ? "the query turns" : "the query stays");
+    Script script;
+    script.hit = [](int32_t pos, int32_t t) { return pos != kRecurring || t == 2 || t == 3; };
+    script.key = [](int32_t pos, int dim) {
+      std::vector<uint16_t> k(static_cast<size_t>(dim), fp32_to_fp16(0.0f));
+      k[pos == kRecurring ? 1 : 0] = fp32_to_fp16(pos == kRecurring ? 4.0f : 0.25f);
+      return k;
+    };
+    script.query = [turn](int32_t t, int dim) {
+      std::vector<float> q(static_cast<size_t>(dim), 0.0f);
+      q[turn && t >= 14 ? 1 : 0] = 4.0f;
+      return q;
+    };
+    Driver driver("lazy+tiers", 16, 4, {{"probe", "1"}, {"lead", "2"}}, kDim, script);
+    std::vector<int32_t> kept;
+    for (int t = 1; t <= 12; ++t) kept = driver.step();
+    ASSERT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 0) << "evicted at step 12";
+    EXPECT_GT(driver.policy().tier_counters().demoted_slots, 0);
+    for (int t = 13; t <= 15; ++t) kept = driver.step();
+    EXPECT_EQ(std::count(kept.begin(), kept.end(), kRecurring), 0);
+    kept = driver.step();
+    EXPECT_EQ(std::count(kept.begin(), kept.end(), kRecurring), turn ? 1 : 0);
+  }
 }
 
 // With a head dimension Q8_0 can split, rows travel as Q8_0 (34 bytes per 32
