@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/flags.h"
 #include "worker/compute_device.h"
+#include "worker/draft.h"
 #include "worker/forward.h"
 #include "worker/sampler.h"
 #ifdef LAZYKV_HAVE_CUDA
@@ -120,28 +121,40 @@ struct Bench {
   }
 
   struct PolicyRun {
-    double decode_s = 0, eviction_s = 0, policy_cpu_s = 0;
+    double decode_s = 0, eviction_s = 0, policy_cpu_s = 0, draft_s = 0;
     int64_t peak_slots = 0;
   };
   // One sequence under `config`: a prompt of ctx tokens, then `steps` decode
-  // steps (greedy). Times the decode steps and the eviction's share of them.
+  // steps (greedy), with the drafts the policy asks for (laq). Times the
+  // decode steps, and the eviction's and the drafts' shares of them.
   PolicyRun decode_with_policy(const PolicyConfig& config, int ctx, int steps) {
     const ModelConfig& c = model.config();
+    const size_t n_vocab = size_t(c.n_vocab);
     KvCache cache(cache_config());
     const auto fp = pass(cache);
     auto policy = make_policy(config, policy_shape(model, ctx, ctx + steps));
     cache.add_sequence(0, policy->heads_per_layer());
     const auto ids = bench_tokens(ctx, c.n_vocab, 11);
-    BatchItem item{0, ids, 0, false, policy.get()};
-    int32_t next = argmax(fp->run({&item, 1}));
+    PolicyRun run;
+    const auto step = [&](const BatchItem& item, int32_t pos) {
+      const int32_t next = argmax(fp->run({&item, 1}));
+      if (policy->draft_wanted() > 0) {
+        const auto t = Clock::now();
+        run_draft(*fp, cache, solo, 0, *policy, next, pos, n_vocab, n_vocab);
+        run.draft_s += seconds_since(t);
+      }
+      return next;
+    };
+    int32_t next = step(BatchItem{0, ids, 0, false, policy.get()}, ctx);
+    run.draft_s = 0;
     const double eviction_s0 = fp->eviction_seconds(), policy_s0 = policy->policy_seconds();
     const auto t = Clock::now();
-    for (int s = 0; s < steps; ++s) {
-      item = BatchItem{0, {&next, 1}, ctx + s, false, policy.get()};
-      next = argmax(fp->run({&item, 1}));
-    }
-    return {seconds_since(t), fp->eviction_seconds() - eviction_s0, policy->policy_seconds() - policy_s0,
-            policy->peak_slots()};
+    for (int s = 0; s < steps; ++s) next = step(BatchItem{0, {&next, 1}, ctx + s, false, policy.get()}, ctx + s + 1);
+    run.decode_s = seconds_since(t);
+    run.eviction_s = fp->eviction_seconds() - eviction_s0;
+    run.policy_cpu_s = policy->policy_seconds() - policy_s0;
+    run.peak_slots = policy->peak_slots();
+    return run;
   }
 };
 
@@ -171,6 +184,7 @@ nlohmann::json policy_cost(Bench& bench, const PolicyConfig& config, int steps) 
           {"eviction_ms_per_step", run.eviction_s * 1e3 / total_steps},
           {"eviction_fraction_of_step", run.eviction_s / run.decode_s},
           {"policy_cpu_ms_per_step", run.policy_cpu_s * 1e3 / total_steps},
+          {"draft_ms_per_step", run.draft_s * 1e3 / total_steps},
           {"peak_kv_bytes", double(run.peak_slots) * slot_bytes},
           {"stats_only_decode_tok_s", total_steps / stats_only.decode_s},
           {"full_decode_tok_s", total_steps / full.decode_s},

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/flags.h"
 #include "coordinator/tokenizer/stop_strings.h"
+#include "worker/draft.h"
 #include "worker/forward.h"
 #include "worker/tiers/tier_mover.h"
 #include "worker/sampler.h"
@@ -66,6 +67,7 @@ int run_generate(const std::vector<std::string>& args) {
   ThreadPool pool(int(flags.get_int("threads")));
   KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
   ForwardPass forward(*m.model, cache, pool, parse_activations(flags.get("activations")));
+  SoloGroup solo;  // the drafts' group
   const SeqId seq = 0;
   std::unique_ptr<EvictionPolicy> policy = make_policy(policy_config, policy_shape(*m.model, int32_t(prompt.size()), int32_t(prompt.size() + max_tokens)));
   cache.add_sequence(seq, policy->heads_per_layer());
@@ -97,6 +99,9 @@ int run_generate(const std::vector<std::string>& args) {
       break;
     }
     if (generated == max_tokens) break;
+    if (policy->draft_wanted() > 0) {  // laq: draft on a copy, then compact, before feeding id
+      run_draft(forward, cache, solo, seq, *policy, id, pos, size_t(m.tokenizer->n_vocab()), size_t(config.n_vocab));
+    }
     item = BatchItem{seq, {&id, 1}, pos++, false, policy.get()};
     logits = forward.run({&item, 1});
   }

@@ -169,6 +169,20 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"period", 128, 1, kMaxSlots, true, "compress when a KV head holds budget + period slots"},
         keep_prompt_param(1)},
        {}, {}, ""},
+      {"laq",
+       "Lookahead Q-Cache: SnapKV whose observation window holds the queries of a few draft tokens, decoded "
+       "greedily on a SnapKV-compressed copy of the cache and discarded, at prefill and every `period` decode steps",
+       {budget_param(),
+        {"lookahead", 8, 1, 64, true, "draft tokens decoded on the compressed copy; their queries score the cache"},
+        {"recent", 8, 0, kMaxSlots, true,
+         "real queries scored beside the draft's (LAQ++; 0: the draft's alone), whose slots are kept"},
+        {"window", 32, 1, kMaxSlots, true, "observation window of the SnapKV compression the draft runs on"},
+        {"kernel", 7, 1, 63, true, "max-pooling kernel (odd)"},
+        {"period", 128, 0, kMaxSlots, true, "decode steps between compressions; 0 is prefill only"},
+        keep_prompt_param(0)},
+       {"recent", "window"},
+       {"kernel"},
+       "recent"},
   };
   return catalog;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "worker/draft.h"
 #include "worker/forward.h"
 #include "worker/kv_cache.h"
 #include "worker/policy/policy.h"
@@ -103,6 +104,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
   const ModelConfig& config = model_.config();
   KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
   ForwardPass forward(model_, cache, pool_, options_.precision);
+  SoloGroup solo;  // the drafts' group
   const size_t model_vocab = size_t(config.n_vocab);
   // Embedding rows past the tokenizer's vocabulary (padding) are never sampled or compared.
   const size_t vocab = std::min(size_t(tokenizer_.n_vocab()), model_vocab);
@@ -211,6 +213,15 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       } else {
         a.next = token;
       }
+    }
+    // Drafts after every job sampled: they reuse the pass's logits buffer.
+    for (Active& a : active) {
+      if (a.done || a.policy->draft_wanted() == 0) continue;
+      const auto d0 = Clock::now();
+      run_draft(forward, cache, solo, SeqId(a.job), *a.policy, a.next, a.pos, vocab, model_vocab);
+      JobResult& result = results[a.job];
+      (result.decode_steps == 0 ? result.prefill_seconds : result.decode_seconds) +=
+          std::chrono::duration<double>(Clock::now() - d0).count();
     }
     std::erase_if(active, [](const Active& a) { return a.done; });
   }

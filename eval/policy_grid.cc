@@ -15,7 +15,7 @@ const char* const kParamRule =
     "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. With the "
     "prompt kept (budget base 'generated') the base is the answer alone, the prompt's P slots come on top, every "
     "policy has keep_prompt=1, and S below is budget - P (else S is the budget). "
-    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv, vase `window`; caote, obcache `recent`) is "
+    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv, vase, laq `window`; caote, obcache, laq `recent`) is "
     "min(catalog default, max(1, S / 4)), so that at least three quarters of S is chosen by the policy's score; "
     "streaming keeps its 4 sinks and h2o its half-budget recent window (with the prompt kept, max(1, S / 2)). A "
     "window-like value set in a --policies spec, name(param=value), is kept unless it is not below S; then it is "
@@ -67,7 +67,7 @@ PolicyConfig grid_policy_config(const std::string& spec, int32_t budget, int32_t
   for (const PolicyInfo& info : policy_catalog()) {
     if (info.name != name) continue;
     for (const PolicyParam& p : info.params) {
-      if (p.name == "window" || ((name == "caote" || name == "obcache") && p.name == "recent")) {
+      if (p.name == "window" || ((name == "caote" || name == "obcache" || name == "laq") && p.name == "recent")) {
         params[p.name] = std::to_string(std::min(int32_t(p.default_value), std::max(1, scored / 4)));
       } else if (p.name == "sinks" && p.default_value >= scored) {
         params[p.name] = std::to_string(std::max(1, scored / 4));

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "common/error.h"
+#include "worker/draft.h"
 
 namespace lazykv {
 
@@ -70,6 +71,7 @@ void LocalWorker::release_all() {
 std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
   invalid_request = false;
   if (seqs_.count(s.seq) > 0) return "sequence " + std::to_string(s.seq) + " is already running";
+  if (s.seq == kDraftSeq) return "sequence id " + std::to_string(s.seq) + " is reserved for drafts";
   if (s.prompt.empty()) return "the prompt is empty";
   if (s.generated < 0 || size_t(s.generated) >= s.prompt.size()) {
     return "generated (" + std::to_string(s.generated) + ") must be below the prompt's " +
@@ -220,7 +222,6 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     result.batch_tokens += int32_t(items[i].tokens.size());
     SampledToken out;
     out.seq = item_seq[i];
-    out.evicted_slots = s.policy->evicted_slots() - s.evicted_seen;  // evicted_seen moves on below
     if (samples[i]) {
       // Embedding rows past the tokenizer's vocabulary (padding) are never sampled.
       const std::span<const float> row = logits.subspan(i * model_vocab, size_t(options_.n_vocab));
@@ -229,6 +230,15 @@ StepResult LocalWorker::step(const StepPlan& plan) {
       if (s.top_logprobs >= 0) fill_logprobs(row, s.top_logprobs, out);
     }
     result.tokens.push_back(std::move(out));
+  }
+  // Drafts after every item sampled: they reuse the pass's logits buffer.
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sequence& s = seqs_.at(item_seq[i]);
+    if (samples[i] && s.policy->draft_wanted() > 0) {
+      run_draft(*forward_, cache_, group_, item_seq[i], *s.policy, s.last, s.fed, size_t(options_.n_vocab),
+                model_vocab);
+    }
+    result.tokens[i].evicted_slots = s.policy->evicted_slots() - s.evicted_seen;  // evicted_seen moves on below
   }
   for (auto& [id, s] : seqs_) {
     const int64_t evicted = s.policy->evicted_slots();

@@ -55,6 +55,7 @@ DEFAULTS = {
     "obcache": {"budget": 512, "recent": 32, "accumulate": 1, "keep_prompt": 0},
     "vase": {"budget": 512, "window": 64, "large": 0.25, "sinks": 4, "kernel": 5, "sketch": 0, "rank": 20, "seed": 0, "keep_prompt": 0},
     "triattention": {"budget": 512, "period": 128, "keep_prompt": 1},
+    "laq": {"budget": 512, "lookahead": 8, "recent": 8, "window": 32, "kernel": 7, "period": 128, "keep_prompt": 0},
 }
 
 
@@ -215,6 +216,8 @@ class Replay:
         elif self.name == "vase":
             if self.p["sketch"]:
                 return
+        elif self.name == "laq":
+            w = max(self.p["window"], self.p["recent"])
         elif self.name not in ("snapkv", "rkv"):
             return
         self.queries[h].append((pos, np.asarray(q, dtype=F32)))
@@ -261,6 +264,8 @@ class Replay:
                 for p in range(self.P):
                     q = np.asarray(tr["prompt_queries"][h][p], dtype=np.float64).astype(F32)
                     if self.name in ("snapkv", "rkv", "vase") and p >= self.P - self.p["window"]:
+                        self.remember(h, p, q)
+                    if self.name == "laq" and p >= self.P - max(self.p["window"], self.p["recent"]):
                         self.remember(h, p, q)
                     if self.name == "obcache":
                         self.remember(h, p, q)
@@ -452,6 +457,9 @@ class Replay:
         if name == "vase":
             self.select_vase()
             return
+        if name == "laq":
+            self.select_laq(prompt_completed)
+            return
         if name == "triattention":
             self.select_triattention()
             return
@@ -482,6 +490,31 @@ class Replay:
                 hd.keep(list(range(n_prompt)) + [n_prompt + i for i in kept])
             return
         raise ValueError(name)
+
+    def select_laq(self, prompt_completed):
+        """SnapKV's rule with the trace's draft queries (after the current
+        position: no mask) plus the last `recent` real ones, summed, not
+        averaged. The draft's own cache (a SnapKV copy) is the engine's
+        business: the replay takes its queries from the trace."""
+        t, p = self.t, self.p
+        C, R, K, period = p["budget"], p["recent"], p["kernel"], p["period"]
+        due = prompt_completed or (t >= 1 and period > 0 and t % period == 0)
+        if not due or all(len(hd.pos) <= C for hd in self.heads):
+            return
+        draft = self.trace["draft_queries"][:p["lookahead"]]
+        for h, hd in enumerate(self.heads):
+            n = len(hd.pos)
+            if n <= C:
+                continue
+            nc = n - R
+            real = self.queries[h][len(self.queries[h]) - min(len(self.queries[h]), R):]
+            rows = [self.probs(h, np.asarray(d[h], dtype=np.float64).astype(F32), math.inf) for d in draft]
+            rows += [self.probs(h, q, pos) for pos, q in real]
+            acc = np.zeros(nc, dtype=F32)
+            for r in rows:
+                acc = (acc + r[:nc]).astype(F32)
+            scores = np.concatenate([max_pool1d(acc, K), np.zeros(R, dtype=F32)])
+            hd.keep(self.keep_top(scores, nc, n, C - R, f"laq t={t}"))
 
     def select_vase(self):
         """VaSE at decode steps where a head holds more than the budget and a
@@ -613,7 +646,7 @@ def rounded(x, digits=4):
     return [round(float(v), digits) for v in np.ravel(x)]
 
 
-def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpness=(2.0, 6.0)):
+def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpness=(2.0, 6.0), draft=0):
     """Keys: a few recurring 'topics' plus noise; each query aims at one or two
     earlier keys with a random sharpness, so some slots pass alpha, many not."""
     n = P + n_steps
@@ -636,6 +669,8 @@ def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpn
         trace["prompt_queries"] = [[rounded(query_for(h, p)) for p in range(P)] for h in range(H)]
     trace["steps"] = [{"query": [rounded(query_for(h, P + i)) for h in range(H)],
                        "new_key": [rounded(keys[h, P + i]) for h in range(H)]} for i in range(n_steps)]
+    if draft:
+        trace["draft_queries"] = [[rounded(query_for(h, n - 1)) for h in range(H)] for _ in range(draft)]
     return trace
 
 
@@ -826,6 +861,13 @@ def cases():
     add("obcache_keep_prompt", generate(1370, {"name": "obcache", "budget": 12, "recent": 3, "keep_prompt": 1}, 6, 50,
                                         prompt_queries=True), 10)
     add("vase_keep_prompt", generate(1380, dict(vase, budget=14, keep_prompt=1), 6, 70), 10)
+
+    laq = {"name": "laq", "budget": 10, "lookahead": 3, "recent": 2, "window": 4, "kernel": 3, "period": 6}
+    add("laq_random1", generate(1400, laq, 16, 60, prompt_queries=True, draft=4), 5)
+    # Plain LAQ (the draft's queries alone), a longer draft than the trace gives.
+    add("laq_plain", generate(1410, dict(laq, recent=0, lookahead=8, kernel=5, period=8), 14, 60,
+                              prompt_queries=True, draft=5), 5)
+    add("laq_keep_prompt", generate(1420, dict(laq, budget=14, keep_prompt=1), 6, 60, prompt_queries=True, draft=3), 5)
 
     tri = {"name": "triattention", "budget": 12, "period": 4, "keep_prompt": 1}
     add("triattention_random1", generate(1200, tri, 6, 70), 10)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 
 #include "common/error.h"
@@ -182,6 +183,13 @@ void EvictionPolicy::end_step(int layer, KvCache& cache, SeqId seq) {
   policy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void EvictionPolicy::draft_slots(int layer, int head, const KvCache& cache, SeqId seq, std::vector<int32_t>& keep) {
+  keep.resize(size_t(cache.n_slots(seq, layer, head)));
+  std::iota(keep.begin(), keep.end(), 0);
+}
+
+void EvictionPolicy::end_draft(const DraftQueries&, KvCache&, SeqId) {}
+
 void EvictionPolicy::before_compact(int, int, const Head&, std::span<const int32_t>, const KvCache&, SeqId) {}
 
 void EvictionPolicy::after_compact(int, KvCache&, SeqId) {}
@@ -237,7 +245,11 @@ std::vector<std::pair<int32_t, const float*>> EvictionPolicy::recent_queries(con
 }
 
 int32_t EvictionPolicy::recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const {
-  const auto kept = recent_queries(h);
+  return query_probs(recent_queries(h), kv, probs);
+}
+
+int32_t EvictionPolicy::query_probs(std::span<const std::pair<int32_t, const float*>> kept, const cpu::KvPages& kv,
+                                    std::vector<float>& probs) const {
   const int qph = queries_per_head();
   const size_t row = size_t(kv.n_slots);
   probs.resize(kept.size() * size_t(qph) * row);
@@ -266,7 +278,7 @@ const std::map<std::string, PolicyFactory>& policy_factories() {
       {"streaming", make_streaming_policy}, {"h2o", make_h2o_policy}, {"tova", make_tova_policy},
       {"snapkv", make_snapkv_policy},   {"rkv", make_rkv_policy},     {"raas", make_raas_policy},
       {"caote", make_caote_policy},     {"obcache", make_obcache_policy}, {"vase", make_vase_policy},
-      {"triattention", make_triattention_policy},
+      {"triattention", make_triattention_policy}, {"laq", make_laq_policy},
   };
   return factories;
 }

@@ -92,6 +92,15 @@ struct TierCounters {
   }
 };
 
+// The queries of a draft (laq's lookahead): tokens decoded greedily on a
+// compressed copy of the cache, at positions first_pos, first_pos + 1, ...
+// heads[layer * heads_per_layer + head] holds [tokens][queries_per_head][head_dim].
+struct DraftQueries {
+  int32_t tokens = 0;
+  int32_t first_pos = 0;
+  std::vector<std::vector<float>> heads;
+};
+
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy();
@@ -125,6 +134,17 @@ class EvictionPolicy {
   // Updates state from this step's statistics and compacts the layer's cache
   // heads when the policy says so. Layers may run concurrently.
   void end_step(int layer, KvCache& cache, SeqId seq);
+
+  // --- draft (laq) ---
+  // The draft tokens the policy waits for before it compacts (0: none). A
+  // policy that defers its compaction this way gets it done in end_draft.
+  virtual int32_t draft_wanted() const { return 0; }
+  // The slots of (layer, head) the draft runs on: keep receives the indices
+  // (increasing) of a copy the size of the budget. Every slot by default.
+  virtual void draft_slots(int layer, int head, const KvCache& cache, SeqId seq, std::vector<int32_t>& keep);
+  // The draft's queries have come (tokens may be fewer than wanted, even 0,
+  // when the cache had no room for them): score and compact every layer.
+  virtual void end_draft(const DraftQueries& draft, KvCache& cache, SeqId seq);
 
   // --- reports ---
   int64_t slots() const { return slots_.load(); }  // over all layers and heads
@@ -208,6 +228,9 @@ class EvictionPolicy {
   // its own causal mask: probs[rows][n], rows = remembered x queries_per_head
   // (returns rows).
   int32_t recent_query_probs(const Head& h, const cpu::KvPages& kv, std::vector<float>& probs) const;
+  // The same for any queries: (position, [queries_per_head][head_dim]) each.
+  int32_t query_probs(std::span<const std::pair<int32_t, const float*>> queries, const cpu::KvPages& kv,
+                      std::vector<float>& probs) const;
   // Hooks for a policy that moves slots between tiers (lazy+tiers).
   // Before a head is compacted, while the rows of the slots it drops are
   // still in the cache (keep: the surviving slot indices, increasing).

@@ -1,5 +1,6 @@
 #include "worker/policy/trace_replay.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -69,6 +70,30 @@ PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, i
   return shape;
 }
 
+// A draft's queries from the trace's "draft_queries" [tokens][H][D] (the
+// same at every draft: the replay has no model to decode with), the first
+// `wanted` of them, at the positions after `pos`.
+DraftQueries trace_draft(const nlohmann::json& trace, int H, int D, int32_t wanted, int32_t pos) {
+  if (!trace.contains("draft_queries") || !trace["draft_queries"].is_array() || trace["draft_queries"].empty()) {
+    bad("policy " + trace["policy"].value("name", std::string()) +
+        " decodes draft tokens: \"draft_queries\" must give their queries, [tokens][H][D]");
+  }
+  const nlohmann::json& tokens = trace["draft_queries"];
+  DraftQueries draft;
+  draft.tokens = std::min(wanted, int32_t(tokens.size()));
+  draft.first_pos = pos + 1;
+  draft.heads.resize(size_t(H));
+  for (int32_t i = 0; i < draft.tokens; ++i) {
+    const std::string where = "draft_queries[" + std::to_string(i) + "]";
+    if (!tokens[size_t(i)].is_array() || int(tokens[size_t(i)].size()) != H) bad(where + " must hold H queries");
+    for (int h = 0; h < H; ++h) {
+      const std::vector<float> q = vector_of(tokens[size_t(i)][size_t(h)], D, where + "[" + std::to_string(h) + "]");
+      draft.heads[size_t(h)].insert(draft.heads[size_t(h)].end(), q.begin(), q.end());
+    }
+  }
+  return draft;
+}
+
 }  // namespace
 
 nlohmann::json replay_trace(const nlohmann::json& trace) {
@@ -129,6 +154,9 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
       }
     }
     policy->end_step(0, cache, seq);
+    if (const int32_t wanted = policy->draft_wanted()) {
+      policy->end_draft(trace_draft(trace, H, D, wanted, P - 1), cache, seq);
+    }
   }
 
   nlohmann::json result = {{"policy", config.to_json()}, {"prompt_len", P}, {"steps", nlohmann::json::array()}};
@@ -151,6 +179,9 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
       attend(h, pos, vector_of(step["query"][size_t(h)], D, where + ".query[" + std::to_string(h) + "]"));
     }
     policy->end_step(0, cache, seq);
+    if (const int32_t wanted = policy->draft_wanted()) {
+      policy->end_draft(trace_draft(trace, H, D, wanted, pos), cache, seq);
+    }
     nlohmann::json kept = nlohmann::json::array(), state = nlohmann::json::array();
     for (int h = 0; h < policy->heads_per_layer(); ++h) {
       const std::span<const int32_t> p = cache.positions(seq, 0, h);

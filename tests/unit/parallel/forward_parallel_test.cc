@@ -211,6 +211,59 @@ TEST(LocalWorkerTensorParallel, LazyEvictionGreedyEqualsOneRank) {
   EXPECT_EQ(worker_tokens(*m.model, 2, lazy, 32), one);
 }
 
+// laq's drafts run on every rank in step (each pass all-reduces), so the
+// group still agrees with one rank.
+TEST(LocalWorkerTensorParallel, LaqDraftsGreedyEqualsOneRank) {
+  TinyModel m = load_tiny_model("tp_laq", spec_with(96, 6, 3, 128, DType::kQ8_0));
+  const PolicyConfig laq = make_policy_config(
+      "laq", {{"budget", "24"}, {"window", "8"}, {"recent", "4"}, {"lookahead", "4"}, {"kernel", "3"}, {"period", "8"}});
+  const std::vector<int32_t> one = worker_tokens(*m.model, 1, laq, 32);
+  ASSERT_EQ(one.size(), 32u);
+  EXPECT_EQ(worker_tokens(*m.model, 2, laq, 32), one);
+}
+
+// A draft runs in the worker's own cache and forward pass, between steps:
+// a sequence batched beside a drafting one gets the tokens it gets alone.
+TEST(LocalWorkerTensorParallel, ADraftLeavesTheOtherSequencesAlone) {
+  TinyModel m = load_tiny_model("laq_neighbour", spec_with(96, 6, 3, 128, DType::kQ8_0));
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(5 + (i * 31) % 200);
+  const auto run = [&](bool with_laq) {
+    LocalWorkerOptions options;
+    options.threads = 1;
+    LocalWorker worker(*m.model, options);
+    StepPlan plan = plan_starting(1, prompt);
+    if (with_laq) {
+      StepPlan second = plan_starting(
+          2, prompt, make_policy_config("laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"period", "4"}}));
+      plan.start.push_back(second.start[0]);
+      plan.items.push_back(second.items[0]);
+    }
+    std::vector<int32_t> tokens;
+    int64_t evicted = 0;
+    for (int i = 0; i < 20; ++i) {
+      const StepResult result = worker.step(plan);
+      EXPECT_TRUE(result.failed.empty());
+      if (result.tokens.empty()) break;
+      tokens.push_back(result.tokens[0].token);
+      int64_t per_token = 0;  // a draft's compaction counts for its sequence's token too
+      for (const SampledToken& t : result.tokens) per_token += t.evicted_slots;
+      EXPECT_EQ(per_token, result.evicted_slots) << "step " << i;
+      evicted += result.evicted_slots;
+      plan = StepPlan{};
+      plan.items.push_back({1, 0, {}});
+      if (with_laq) plan.items.push_back({2, 0, {}});
+    }
+    if (with_laq) {
+      EXPECT_GT(evicted, 0);
+    }
+    return tokens;
+  };
+  const std::vector<int32_t> alone = run(false);
+  ASSERT_EQ(alone.size(), 20u);
+  EXPECT_EQ(run(true), alone);
+}
+
 // The real default model (SmolLM2: 3 KV heads, split 2 + 1), when present.
 // Under AddressSanitizer at -O0 (the second stage of scripts/test.sh) a
 // token of the default model takes over a second; the Release stage runs 32.

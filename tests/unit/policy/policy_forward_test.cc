@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "eval/kv_occupancy.h"
 #include "worker/format/tiny_model.h"
+#include "worker/draft.h"
 #include "worker/forward.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
@@ -88,21 +89,33 @@ struct Session {
   std::unique_ptr<EvictionPolicy> policy;
   int32_t pos = 0;
   std::vector<float> logits;
+  SoloGroup solo;
+  DraftRun draft;  // the last draft run
+  int drafts = 0;
+  bool run_drafts = true;
 
-  Session(const Model& m, const PolicyConfig* config, const std::vector<int32_t>& prompt, int32_t max_len = 0)
+  Session(const Model& m, const PolicyConfig* config, const std::vector<int32_t>& prompt, int32_t max_len = 0,
+          bool drafts = true)
       : model(m),
         cache({m.config().n_layer, m.config().n_head_kv, m.config().head_dim, 4, 0}),
-        forward(m, cache, pool) {
+        forward(m, cache, pool),
+        run_drafts(drafts) {
     if (config != nullptr) policy = make_policy(*config, shape_for(m, int32_t(prompt.size()), max_len));
     cache.add_sequence(0, policy ? policy->heads_per_layer() : 0);
     feed(prompt);
   }
 
+  // Runs the draft a policy asks for after the pass, as the worker does.
   void feed(const std::vector<int32_t>& tokens) {
     BatchItem item{0, tokens, pos, false, policy.get()};
     const std::span<const float> out = forward.run({&item, 1});
     logits.assign(out.begin(), out.end());
     pos += int32_t(tokens.size());
+    if (run_drafts && policy && policy->draft_wanted() > 0) {
+      const size_t vocab = size_t(model.config().n_vocab);
+      draft = run_draft(forward, cache, solo, 0, *policy, next(), pos, vocab, vocab);
+      ++drafts;
+    }
   }
   int32_t next() const { return argmax(logits); }
   int heads() const { return cache.heads_per_layer(0); }
@@ -190,6 +203,9 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
       {config("obcache", {{"budget", "16"}, {"recent", "4"}}), C + 1, [](int32_t) { return true; }},
       {config("obcache", {{"budget", "16"}, {"recent", "0"}, {"accumulate", "0"}}), C + 1, [](int32_t) { return true; },
        false},
+      {config("laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"lookahead", "3"}, {"kernel", "3"},
+                      {"period", "8"}}),
+       C + 8, [](int32_t t) { return t % 8 == 0; }},
       // vase compacts when the cache (prompt 6 + t) reaches a multiple of its window.
       {config("vase", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}}), C + 4,
        [](int32_t t) { return (6 + t) % 4 == 0; }},
@@ -256,6 +272,9 @@ TEST(PolicyForward, KeepPromptKeepsEveryPromptSlot) {
       {config("caote", {{"budget", "16"}, {"recent", "4"}, {"keep_prompt", "1"}}), 17},
       {config("obcache", {{"budget", "16"}, {"recent", "4"}, {"keep_prompt", "1"}}), 17},
       {config("vase", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"keep_prompt", "1"}}), 20},
+      {config("laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"lookahead", "3"}, {"kernel", "3"},
+                      {"period", "8"}, {"keep_prompt", "1"}}),
+       24},
   };
   for (const auto& [c, peak] : cases) {
     Session s(m, &c, kPrompt);
@@ -304,6 +323,8 @@ TEST(PolicyForward, OccupancyModelMatchesEveryPolicy) {
       {c("obcache", {{"budget", "8"}, {"recent", "2"}}), &long_prompt},
       {c("vase", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}}), &kPrompt},
       {c("vase", {{"budget", "8"}, {"window", "3"}, {"sinks", "2"}, {"kernel", "3"}}), &long_prompt},
+      {c("laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"kernel", "3"}, {"period", "8"}}), &kPrompt},
+      {c("laq", {{"budget", "8"}, {"window", "2"}, {"recent", "0"}, {"kernel", "3"}, {"period", "0"}}), &long_prompt},
       {c("triattention", {{"budget", "16"}, {"period", "4"}}), &kPrompt},
       {c("triattention", {{"budget", "8"}, {"period", "3"}, {"keep_prompt", "0"}}), &long_prompt},
   };
@@ -509,6 +530,101 @@ TEST(PolicyForward, PrefillCompressionOfALongPrompt) {
   s.feed({s.next()});
   EXPECT_EQ(slots_per_head(s), std::vector<int32_t>(n_heads, 16)) << "t=4";
   EXPECT_EQ(s.policy->evicted_slots(), int64_t(n_heads) * (28 - 16));
+}
+
+// LAQ's draft decodes on the SnapKV copy of the cache: its tokens are the
+// ones SnapKV (same budget, window, kernel) decodes greedily after the same
+// prefill. The draft leaves nothing behind, and the real cache is compacted
+// to the budget around the newest `recent` slots.
+TEST(PolicyForward, LaqDraftsOnTheSnapKvCopyAndLeavesNothingBehind) {
+  const Model& m = tiny_model();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(3 + (i * 37) % 250);
+  const PolicyConfig laq = config(
+      "laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"lookahead", "5"}, {"kernel", "3"}, {"period", "0"}});
+  const PolicyConfig snapkv = config("snapkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "0"}});
+  Session a(m, &laq, prompt);
+  Session b(m, &snapkv, prompt);
+  ASSERT_EQ(a.drafts, 1);
+  EXPECT_FALSE(a.draft.out_of_memory);
+  std::vector<int32_t> greedy;
+  for (int i = 0; i < 5; ++i) {
+    greedy.push_back(b.next());
+    b.feed({b.next()});
+  }
+  EXPECT_EQ(a.draft.tokens, greedy);
+  EXPECT_EQ(a.cache.n_sequences(), size_t(1));
+  EXPECT_EQ(a.pos, 24);
+  for (int layer = 0; layer < m.config().n_layer; ++layer) {
+    for (int h = 0; h < a.heads(); ++h) {
+      const std::span<const int32_t> p = a.cache.positions(0, layer, h);
+      ASSERT_EQ(p.size(), size_t(16));
+      EXPECT_EQ(p[14], 22);
+      EXPECT_EQ(p[15], 23);
+    }
+  }
+  EXPECT_EQ(a.policy->evicted_slots(), int64_t(m.config().n_layer) * a.heads() * 8);
+  // Decoding goes on from the token sampled before the draft, within budget.
+  for (int t = 1; t <= 10; ++t) a.feed({a.next()});
+  EXPECT_EQ(a.drafts, 1);  // period 0: the prefill only
+  EXPECT_EQ(a.cache.n_slots(0, 0, 0), 26);
+}
+
+// An engine loop that never runs the draft (a caller that forgot) still
+// gets a bounded cache: the compaction is done at the next pass, as SnapKV's.
+TEST(PolicyForward, LaqWithoutADraftCompactsAtTheNextPass) {
+  const Model& m = tiny_model();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(3 + (i * 37) % 250);
+  const PolicyConfig laq = config("laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"period", "8"}});
+  Session s(m, &laq, prompt, 0, /*drafts=*/false);
+  EXPECT_EQ(s.policy->draft_wanted(), 8);
+  EXPECT_EQ(s.cache.n_slots(0, 0, 0), 24);
+  s.feed({s.next()});
+  EXPECT_EQ(s.policy->draft_wanted(), 0);
+  const int64_t heads = int64_t(m.config().n_layer) * s.heads();
+  for (int layer = 0; layer < m.config().n_layer; ++layer) {
+    for (int h = 0; h < s.heads(); ++h) {
+      const std::span<const int32_t> p = s.cache.positions(0, layer, h);
+      ASSERT_EQ(p.size(), size_t(16));
+      EXPECT_EQ(p.back(), 24);  // the window's newest slots stay
+    }
+  }
+  EXPECT_EQ(s.policy->evicted_slots(), heads * (25 - 16));
+  for (int t = 2; t <= 8; ++t) s.feed({s.next()});
+  EXPECT_EQ(s.policy->draft_wanted(), 8);  // step 8: due again
+  s.feed({s.next()});
+  EXPECT_EQ(s.cache.n_slots(0, 0, 0), 16);
+}
+
+// A cache with no room for the draft's copy: the draft is skipped, the
+// policy still compacts (with the real queries alone) and the copy is gone.
+TEST(PolicyForward, LaqWithoutRoomForTheDraftStillCompacts) {
+  const Model& m = tiny_model();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back(5 + (i * 29) % 250);
+  const ModelConfig& mc = m.config();
+  const size_t page_bytes = size_t(4) * size_t(mc.head_dim) * 2 * sizeof(uint16_t);
+  // Exactly the prompt's pages: 24 slots in pages of 4, per layer and head.
+  KvCache cache({mc.n_layer, mc.n_head_kv, mc.head_dim, 4, page_bytes * 6 * size_t(mc.n_layer * mc.n_head_kv)});
+  ThreadPool pool(2);
+  ForwardPass forward(m, cache, pool);
+  SoloGroup solo;
+  const PolicyConfig laq = config("laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"kernel", "3"}});
+  std::unique_ptr<EvictionPolicy> policy = make_policy(laq, shape_for(m, 24));
+  cache.add_sequence(0, policy->heads_per_layer());
+  BatchItem item{0, prompt, 0, false, policy.get()};
+  const std::span<const float> logits = forward.run({&item, 1});
+  const int32_t token = argmax(logits.subspan(0, size_t(mc.n_vocab)));
+  ASSERT_EQ(policy->draft_wanted(), 8);
+  const DraftRun run = run_draft(forward, cache, solo, 0, *policy, token, 24, size_t(mc.n_vocab), size_t(mc.n_vocab));
+  EXPECT_TRUE(run.out_of_memory);
+  EXPECT_TRUE(run.tokens.empty());
+  EXPECT_EQ(policy->draft_wanted(), 0);
+  EXPECT_EQ(cache.n_sequences(), size_t(1));
+  for (int layer = 0; layer < mc.n_layer; ++layer) {
+    for (int h = 0; h < mc.n_head_kv; ++h) EXPECT_EQ(cache.n_slots(0, layer, h), 16);
+  }
 }
 
 }  // namespace

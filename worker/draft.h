@@ -1,0 +1,37 @@
+// The draft a policy may ask for before it compacts (laq's lookahead):
+// a few tokens decoded greedily on a compressed copy of a sequence's cache,
+// through the ordinary forward pass, then thrown away. Only their queries
+// are kept; they go to the policy, which compacts the real cache with them.
+// The worker and the eval harness call this after sampling a step, for every
+// sequence whose policy's draft_wanted() is above 0.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "worker/forward.h"
+#include "worker/kv_cache.h"
+#include "worker/parallel/group.h"
+#include "worker/policy/policy.h"
+
+namespace lazykv {
+
+// The scratch sequence a draft runs in: no request has this id.
+inline constexpr SeqId kDraftSeq = std::numeric_limits<SeqId>::min();
+
+struct DraftRun {
+  std::vector<int32_t> tokens;  // fed to the draft: `token`, then the greedy ones
+  bool out_of_memory = false;   // the cache had no room for the copy or a token: fewer queries
+};
+
+// Copies the policy's draft slots of `seq` into kDraftSeq, feeds `token` at
+// `pos` and then each greedy successor, policy.draft_wanted() tokens in all
+// (logits rows of `row_stride`, the first `n_vocab` samplable), and ends the
+// policy's draft with their queries. The copy is removed whatever happens.
+// In a tensor-parallel group every rank calls it for the same sequences in
+// the same order, and all run out of memory together.
+DraftRun run_draft(ForwardBackend& forward, KvCache& cache, TensorParallelGroup& group, SeqId seq,
+                   EvictionPolicy& policy, int32_t token, int32_t pos, size_t n_vocab, size_t row_stride);
+
+}  // namespace lazykv
