@@ -493,8 +493,7 @@ class Replay:
 
     def select_laq(self, prompt_completed):
         """SnapKV's rule with the trace's draft queries (after the current
-        position: no mask) plus the last `recent` real ones, summed, not
-        averaged. The draft's own cache (a SnapKV copy) is the engine's
+        position: no mask) plus the last `recent` real ones. The draft's own cache (a SnapKV copy) is the engine's
         business: the replay takes its queries from the trace."""
         t, p = self.t, self.p
         C, R, K, period = p["budget"], p["recent"], p["kernel"], p["period"]
@@ -513,6 +512,7 @@ class Replay:
             acc = np.zeros(nc, dtype=F32)
             for r in rows:
                 acc = (acc + r[:nc]).astype(F32)
+            acc = (acc / F32(max(len(rows), 1))).astype(F32)
             scores = np.concatenate([max_pool1d(acc, K), np.zeros(R, dtype=F32)])
             hd.keep(self.keep_top(scores, nc, n, C - R, f"laq t={t}"))
 

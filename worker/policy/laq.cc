@@ -5,7 +5,7 @@
 // the SnapKV selection of the cache (the last `window` queries vote) into a
 // scratch sequence, decodes `lookahead` tokens greedily on it and hands back
 // their queries (worker/draft.h). Those, with the last `recent` real queries
-// (LAQ++), score every slot of the whole cache; their attention, summed over
+// (LAQ++), score every slot of the whole cache; their attention, averaged over
 // the queries and the GQA group and max-pooled with `kernel`, keeps the top
 // budget - recent slots beside the `recent` newest. The draft is discarded;
 // decoding goes on from the token sampled before it.
@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kernels/cpu/eviction.h"
 #include "worker/policy/policies.h"
 
 namespace lazykv {
@@ -105,9 +104,7 @@ class LaqPolicy final : public EvictionPolicy {
     score_and_keep(std::span(queries).subspan(from), window_, hd, kv, scratch(layer), keep);
   }
 
-  // SnapKV's rule for any queries: their summed attention over the slots
-  // before the newest `newest`, max-pooled, keeps the top budget - newest of
-  // them; the newest stay. Every slot when the head is within budget.
+  // SnapKV's rule; every slot when the head is within budget.
   void score_and_keep(std::span<const std::pair<int32_t, const float*>> queries, int32_t newest, const Head& hd,
                       const cpu::KvPages& kv, Scratch& s, std::vector<int32_t>& keep) {
     if (hd.n <= budget_) {
@@ -115,16 +112,7 @@ class LaqPolicy final : public EvictionPolicy {
       std::iota(keep.begin(), keep.end(), 0);
       return;
     }
-    const int32_t n_candidates = hd.n - newest;
-    const int32_t rows = query_probs(queries, kv, s.probs);
-    s.scores.assign(size_t(n_candidates), 0.0f);
-    for (int32_t r = 0; r < rows; ++r) {
-      const float* p = s.probs.data() + size_t(r) * size_t(hd.n);
-      for (int32_t i = 0; i < n_candidates; ++i) s.scores[size_t(i)] += p[i];
-    }
-    s.pooled.resize(size_t(n_candidates));
-    cpu::max_pool1d(s.scores.data(), n_candidates, kernel_, s.pooled.data());
-    keep_top(s.pooled.data(), n_candidates, hd.n, budget_ - newest, keep, s.index);
+    keep_by_pooled_attention(queries, newest, budget_ - newest, kernel_, hd, kv, s, keep);
   }
 
   int32_t budget_, lookahead_, recent_, window_, kernel_, period_;

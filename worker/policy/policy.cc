@@ -260,6 +260,24 @@ int32_t EvictionPolicy::query_probs(std::span<const std::pair<int32_t, const flo
   return int32_t(kept.size()) * qph;
 }
 
+void EvictionPolicy::keep_by_pooled_attention(std::span<const std::pair<int32_t, const float*>> queries,
+                                              int32_t newest, int32_t k, int kernel, const Head& h,
+                                              const cpu::KvPages& kv, Scratch& s, std::vector<int32_t>& keep) {
+  const int32_t n_candidates = h.n - newest;
+  const int32_t rows = query_probs(queries, kv, s.probs);
+  s.scores.assign(size_t(n_candidates), 0.0f);
+  for (int32_t r = 0; r < rows; ++r) {
+    const float* p = s.probs.data() + size_t(r) * size_t(h.n);
+    for (int32_t i = 0; i < n_candidates; ++i) s.scores[size_t(i)] += p[i];
+  }
+  if (rows > 0) {
+    for (float& v : s.scores) v /= float(rows);
+  }
+  s.pooled.resize(size_t(n_candidates));
+  cpu::max_pool1d(s.scores.data(), n_candidates, kernel, s.pooled.data());
+  keep_top(s.pooled.data(), n_candidates, h.n, k, keep, s.index);
+}
+
 nlohmann::json EvictionPolicy::slot_state(int layer, int h) const {
   const Head& hd = heads_[size_t(layer) * size_t(heads_per_layer_) + size_t(h)];
   nlohmann::json j = nlohmann::json::object();

@@ -231,6 +231,14 @@ class EvictionPolicy {
   // The same for any queries: (position, [queries_per_head][head_dim]) each.
   int32_t query_probs(std::span<const std::pair<int32_t, const float*>> queries, const cpu::KvPages& kv,
                       std::vector<float>& probs) const;
+  struct Scratch;
+  // SnapKV's selection for any queries: their attention over the slots
+  // before the `newest` newest, averaged over the queries and the GQA group
+  // and max-pooled with `kernel`, keeps the top k of them (keep_top); the
+  // newest stay.
+  void keep_by_pooled_attention(std::span<const std::pair<int32_t, const float*>> queries, int32_t newest, int32_t k,
+                                int kernel, const Head& h, const cpu::KvPages& kv, Scratch& s,
+                                std::vector<int32_t>& keep);
   // Hooks for a policy that moves slots between tiers (lazy+tiers).
   // Before a head is compacted, while the rows of the slots it drops are
   // still in the cache (keep: the surviving slot indices, increasing).

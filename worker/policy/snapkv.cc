@@ -5,7 +5,6 @@
 // comparisons do, every `period` decode steps, whenever over budget. The
 // window's queries are remembered and rescored at compression time, so
 // ordinary steps cost nothing.
-#include "kernels/cpu/eviction.h"
 #include "worker/policy/policies.h"
 
 namespace lazykv {
@@ -26,23 +25,11 @@ class SnapKvPolicy final : public EvictionPolicy {
     const int32_t t = step();
     const bool due = prompt_just_completed() || (t >= 1 && period_ > 0 && t % period_ == 0);
     if (!due) return;
-    Scratch& s = scratch(layer);
     for (size_t h = 0; h < heads.size(); ++h) {
       const Head& hd = heads[h];
       if (hd.n <= budget_) continue;
-      const int32_t n_candidates = hd.n - window_;
-      const int32_t rows = recent_query_probs(hd, cache.view(seq, layer, int(h)), s.probs);
-      s.scores.assign(size_t(n_candidates), 0.0f);
-      for (int32_t r = 0; r < rows; ++r) {
-        const float* p = s.probs.data() + size_t(r) * size_t(hd.n);
-        for (int32_t i = 0; i < n_candidates; ++i) s.scores[size_t(i)] += p[i];
-      }
-      if (rows > 0) {
-        for (float& v : s.scores) v /= float(rows);
-      }
-      s.pooled.resize(size_t(n_candidates));
-      cpu::max_pool1d(s.scores.data(), n_candidates, kernel_, s.pooled.data());
-      keep_top(s.pooled.data(), n_candidates, hd.n, budget_ - window_, keep[h], s.index);
+      keep_by_pooled_attention(recent_queries(hd), window_, budget_ - window_, kernel_, hd,
+                               cache.view(seq, layer, int(h)), scratch(layer), keep[h]);
     }
   }
 
