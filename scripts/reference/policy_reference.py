@@ -493,8 +493,9 @@ class Replay:
 
     def select_laq(self, prompt_completed):
         """SnapKV's rule with the trace's draft queries (after the current
-        position: no mask) plus the last `recent` real ones. The draft's own cache (a SnapKV copy) is the engine's
-        business: the replay takes its queries from the trace."""
+        position: no mask) plus the last `recent` real ones. The draft's own
+        cache (a SnapKV copy) is the engine's business: the replay takes its
+        queries from the trace."""
         t, p = self.t, self.p
         C, R, K, period = p["budget"], p["recent"], p["kernel"], p["period"]
         due = prompt_completed or (t >= 1 and period > 0 and t % period == 0)
