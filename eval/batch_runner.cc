@@ -214,14 +214,20 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
         a.next = token;
       }
     }
-    // Drafts after every job sampled: they reuse the pass's logits buffer.
-    for (Active& a : active) {
-      if (a.done || a.policy->draft_wanted() == 0) continue;
+    // Drafts after every job sampled (they reuse the pass's logits buffer),
+    // all together; each drafting job is charged their time, as a pass's.
+    std::vector<DraftRequest> drafts;
+    for (const Active& a : active) {
+      if (!a.done && a.policy->draft_wanted() > 0) drafts.push_back({SeqId(a.job), a.policy.get(), a.next, a.pos});
+    }
+    if (!drafts.empty()) {
       const auto d0 = Clock::now();
-      run_draft(forward, cache, solo, SeqId(a.job), *a.policy, a.next, a.pos, vocab, model_vocab);
-      JobResult& result = results[a.job];
-      (result.decode_steps == 0 ? result.prefill_seconds : result.decode_seconds) +=
-          std::chrono::duration<double>(Clock::now() - d0).count();
+      run_drafts(forward, cache, solo, drafts, vocab, model_vocab);
+      const double draft_seconds = std::chrono::duration<double>(Clock::now() - d0).count();
+      for (const DraftRequest& d : drafts) {
+        JobResult& result = results[size_t(d.seq)];
+        (result.decode_steps == 0 ? result.prefill_seconds : result.decode_seconds) += draft_seconds;
+      }
     }
     std::erase_if(active, [](const Active& a) { return a.done; });
   }

@@ -1,6 +1,7 @@
 #include "worker/draft.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "common/error.h"
 #include "worker/sampler.h"
@@ -15,8 +16,9 @@ class DraftCapture final : public EvictionPolicy {
       : EvictionPolicy(PolicyConfig{}, unbounded(owner.shape()), owner.heads_per_layer(),
                        Needs{.keep_queries = tokens}) {}
 
-  // Appends the owner's chosen slots of one head; false when the cache is full.
-  bool copy_head(int layer, int head, KvCache& cache, SeqId from, std::span<const int32_t> slots) {
+  // Appends the owner's chosen slots of one head of `from` to `to`; false
+  // when the cache is full.
+  bool copy_head(int layer, int head, KvCache& cache, SeqId from, SeqId to, std::span<const int32_t> slots) {
     const size_t n = slots.size(), row = size_t(shape().head_dim);
     positions_.resize(n);
     k_.resize(n * row);
@@ -27,7 +29,7 @@ class DraftCapture final : public EvictionPolicy {
       cache.read_slot(from, layer, head, slots[i], k_.data() + i * row, v_.data() + i * row);
     }
     zeros_.assign(n, 0);
-    return append_slots(layer, head, cache, kDraftSeq, positions_, k_.data(), v_.data(), zeros_, zeros_);
+    return append_slots(layer, head, cache, to, positions_, k_.data(), v_.data(), zeros_, zeros_);
   }
 
   // The queries kept so far, oldest first, as DraftQueries wants them.
@@ -58,50 +60,83 @@ class DraftCapture final : public EvictionPolicy {
   std::vector<uint16_t> k_, v_;
 };
 
-// Copies the draft slots of every head; false when some rank's cache is full.
-bool copy_draft_slots(DraftCapture& capture, EvictionPolicy& policy, KvCache& cache, TensorParallelGroup& group,
-                      SeqId seq) {
+// Copies the draft slots of every head; false when the cache is full.
+bool copy_draft_slots(DraftCapture& capture, const DraftRequest& r, KvCache& cache, SeqId to) {
   std::vector<int32_t> keep;
-  float full = 0;
-  for (int layer = 0; layer < policy.shape().n_layer && full == 0; ++layer) {
-    for (int h = 0; h < policy.heads_per_layer() && full == 0; ++h) {
-      policy.draft_slots(layer, h, cache, seq, keep);
-      if (!capture.copy_head(layer, h, cache, seq, keep)) full = 1;
+  for (int layer = 0; layer < r.policy->shape().n_layer; ++layer) {
+    for (int h = 0; h < r.policy->heads_per_layer(); ++h) {
+      r.policy->draft_slots(layer, h, cache, r.seq, keep);
+      if (!capture.copy_head(layer, h, cache, r.seq, to, keep)) return false;
     }
   }
-  if (group.world() > 1) group.all_reduce_sum(&full, 1);
-  return full == 0;
+  return true;
 }
 
 }  // namespace
 
-DraftRun run_draft(ForwardBackend& forward, KvCache& cache, TensorParallelGroup& group, SeqId seq,
-                   EvictionPolicy& policy, int32_t token, int32_t pos, size_t n_vocab, size_t row_stride) {
-  const int32_t wanted = policy.draft_wanted();
-  DraftRun run;
-  DraftCapture capture(policy, wanted);
-  cache.add_sequence(kDraftSeq, policy.heads_per_layer());
-  struct Remove {
+std::vector<DraftRun> run_drafts(ForwardBackend& forward, KvCache& cache, TensorParallelGroup& group,
+                                 std::span<const DraftRequest> requests, size_t n_vocab, size_t row_stride) {
+  if (requests.size() > size_t(kMaxDrafts)) throw Error(ErrorCode::kInternal, "draft: too many drafts at once");
+  const size_t n = requests.size();
+  std::vector<DraftRun> runs(n);
+  std::vector<std::unique_ptr<DraftCapture>> captures;
+  std::vector<int32_t> wanted(n), next(n);
+  struct Remove {  // the copies go whatever happens
     KvCache& cache;
-    ~Remove() { cache.remove_sequence(kDraftSeq); }
+    size_t added = 0;
+    ~Remove() {
+      for (size_t i = 0; i < added; ++i) cache.remove_sequence(kDraftSeq + SeqId(i));
+    }
   } remove{cache};
-  run.out_of_memory = !copy_draft_slots(capture, policy, cache, group, seq);
-  for (int32_t i = 0; i < wanted && !run.out_of_memory; ++i) {
-    const BatchItem item{kDraftSeq, {&token, 1}, pos + i, false, &capture};
+  std::vector<float> full(n, 0.0f);  // per request: its copy did not fit (on some rank)
+  for (size_t i = 0; i < n; ++i) {
+    const DraftRequest& r = requests[i];
+    wanted[i] = r.policy->draft_wanted();
+    next[i] = r.token;
+    captures.push_back(std::make_unique<DraftCapture>(*r.policy, wanted[i]));
+    cache.add_sequence(kDraftSeq + SeqId(i), r.policy->heads_per_layer());
+    ++remove.added;
+    if (!copy_draft_slots(*captures[i], r, cache, kDraftSeq + SeqId(i))) full[i] = 1;
+  }
+  if (group.world() > 1 && n > 0) group.all_reduce_sum(full.data(), n);
+  for (size_t i = 0; i < n; ++i) runs[i].out_of_memory = full[i] > 0;
+  // One pass per draft token over every draft still running.
+  std::vector<BatchItem> items;
+  std::vector<size_t> owner;
+  for (int32_t t = 0;; ++t) {
+    items.clear();
+    owner.clear();
+    for (size_t i = 0; i < n; ++i) {
+      if (runs[i].out_of_memory || t >= wanted[i]) continue;
+      items.push_back(BatchItem{kDraftSeq + SeqId(i), {&next[i], 1}, requests[i].pos + t, false, captures[i].get()});
+      owner.push_back(i);
+    }
+    if (items.empty()) break;
     std::span<const float> logits;
     try {
-      logits = forward.run({&item, 1});
+      logits = forward.run(items);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kOutOfMemory) throw;
-      run.out_of_memory = true;
+      for (size_t i : owner) runs[i].out_of_memory = true;  // every rank alike: reserve_batch agrees
       break;
     }
-    run.tokens.push_back(token);
-    token = argmax(logits.subspan(0, std::min(n_vocab, row_stride)));
+    for (size_t k = 0; k < owner.size(); ++k) {
+      const size_t i = owner[k];
+      runs[i].tokens.push_back(next[i]);
+      next[i] = argmax(logits.subspan(k * row_stride, std::min(n_vocab, row_stride)));
+    }
   }
-  const DraftQueries draft = capture.queries(pos);
-  policy.end_draft(draft, cache, seq);
-  return run;
+  for (size_t i = 0; i < n; ++i) {
+    const DraftQueries draft = captures[i]->queries(requests[i].pos);
+    requests[i].policy->end_draft(draft, cache, requests[i].seq);
+  }
+  return runs;
+}
+
+DraftRun run_draft(ForwardBackend& forward, KvCache& cache, TensorParallelGroup& group, SeqId seq,
+                   EvictionPolicy& policy, int32_t token, int32_t pos, size_t n_vocab, size_t row_stride) {
+  const DraftRequest request{seq, &policy, token, pos};
+  return run_drafts(forward, cache, group, {&request, 1}, n_vocab, row_stride).front();
 }
 
 }  // namespace lazykv

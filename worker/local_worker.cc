@@ -71,7 +71,7 @@ void LocalWorker::release_all() {
 std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
   invalid_request = false;
   if (seqs_.count(s.seq) > 0) return "sequence " + std::to_string(s.seq) + " is already running";
-  if (s.seq == kDraftSeq) return "sequence id " + std::to_string(s.seq) + " is reserved for drafts";
+  if (is_draft_seq(s.seq)) return "sequence id " + std::to_string(s.seq) + " is reserved for drafts";
   if (s.prompt.empty()) return "the prompt is empty";
   if (s.generated < 0 || size_t(s.generated) >= s.prompt.size()) {
     return "generated (" + std::to_string(s.generated) + ") must be below the prompt's " +
@@ -231,13 +231,16 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     }
     result.tokens.push_back(std::move(out));
   }
-  // Drafts after every item sampled: they reuse the pass's logits buffer.
+  // Drafts after every item sampled (they reuse the pass's logits buffer),
+  // all together, in item order on every rank.
+  std::vector<DraftRequest> drafts;
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence& s = seqs_.at(item_seq[i]);
-    if (samples[i] && s.policy->draft_wanted() > 0) {
-      run_draft(*forward_, cache_, group_, item_seq[i], *s.policy, s.last, s.fed, size_t(options_.n_vocab),
-                model_vocab);
-    }
+    if (samples[i] && s.policy->draft_wanted() > 0) drafts.push_back({item_seq[i], s.policy.get(), s.last, s.fed});
+  }
+  if (!drafts.empty()) run_drafts(*forward_, cache_, group_, drafts, size_t(options_.n_vocab), model_vocab);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Sequence& s = seqs_.at(item_seq[i]);
     result.tokens[i].evicted_slots = s.policy->evicted_slots() - s.evicted_seen;  // evicted_seen moves on below
   }
   for (auto& [id, s] : seqs_) {

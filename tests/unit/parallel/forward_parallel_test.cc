@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include "../tiny_model_fixture.h"
@@ -262,6 +263,45 @@ TEST(LocalWorkerTensorParallel, ADraftLeavesTheOtherSequencesAlone) {
   const std::vector<int32_t> alone = run(false);
   ASSERT_EQ(alone.size(), 20u);
   EXPECT_EQ(run(true), alone);
+}
+
+// Drafts of several sequences run together, one pass per draft token over
+// all of them: each sequence still gets the tokens it gets alone.
+TEST(LocalWorkerTensorParallel, DraftsTogetherEqualDraftsAlone) {
+  TinyModel m = load_tiny_model("laq_together", spec_with(96, 6, 3, 128, DType::kQ8_0));
+  const PolicyConfig laq = make_policy_config(
+      "laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"lookahead", "3"}, {"period", "4"}});
+  const std::vector<std::vector<int32_t>> prompts = {
+      {5, 36, 67, 98, 129, 160, 191, 22, 53, 84, 115, 146, 177, 8, 39, 70, 101, 132, 163, 194},
+      {7, 50, 93, 136, 179, 22, 65, 108, 151, 194, 37, 80, 123, 166, 9, 52, 95, 138}};
+  const auto run = [&](const std::vector<size_t>& which) {
+    LocalWorkerOptions options;
+    options.threads = 1;
+    LocalWorker worker(*m.model, options);
+    StepPlan plan;
+    for (size_t p : which) {
+      StepPlan one = plan_starting(SeqId(p + 1), prompts[p], laq);
+      plan.start.push_back(one.start[0]);
+      plan.items.push_back(one.items[0]);
+    }
+    std::map<SeqId, std::vector<int32_t>> tokens;
+    int64_t evicted = 0;
+    for (int i = 0; i < 16; ++i) {
+      const StepResult result = worker.step(plan);
+      EXPECT_TRUE(result.failed.empty());
+      evicted += result.evicted_slots;
+      plan = StepPlan{};
+      for (const SampledToken& t : result.tokens) {
+        tokens[t.seq].push_back(t.token);
+        plan.items.push_back({t.seq, 0, {}});
+      }
+    }
+    EXPECT_GT(evicted, 0);
+    return tokens;
+  };
+  const auto both = run({0, 1});
+  EXPECT_EQ(both.at(1), run({0}).at(1));
+  EXPECT_EQ(both.at(2), run({1}).at(2));
 }
 
 // The real default model (SmolLM2: 3 KV heads, split 2 + 1), when present.
