@@ -171,12 +171,14 @@ void Scheduler::finish(Sequence& seq, const std::string& reason, const std::stri
   event.invalid_request = invalid_request;
   event.prompt_tokens = int64_t(seq.request.prompt.size());
   event.completion_tokens = int64_t(seq.generated.size());
-  seq.stream->push(std::move(event));
-  if (seq.started) pending_release_.push_back(SeqId(seq.id));
-  seq.started = false;
+  // Counted before the event is pushed: the client that reads the error
+  // must find it in the metrics already.
   if (reason == "error") {
     metrics_.counter(metrics::kErrors, {unavailable ? "unavailable" : invalid_request ? "policy_refused" : "worker"}).inc();
   }
+  seq.stream->push(std::move(event));
+  if (seq.started) pending_release_.push_back(SeqId(seq.id));
+  seq.started = false;
 }
 
 void Scheduler::take_inbox() {

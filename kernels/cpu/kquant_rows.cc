@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 
 #include "common/fp16.h"
 #include "kernels/cpu/compile_time_count.h"
 #include "kernels/cpu/hsum_avx.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_internal.h"
 
 namespace lazykv::cpu {
 namespace {
@@ -37,22 +37,6 @@ inline __m256 low_nibble_to_float(__m256i q) {
 #else
   return _mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15)));
 #endif
-}
-
-// A Q4_K super-block's 8 six-bit scales and mins, unpacked from the 12
-// packed bytes: scales 0-3 and mins 0-3 are the low 6 bits of bytes 0-3 and
-// 4-7; scales and mins 4-7 take their low 4 bits from bytes 8-11 (low and
-// high nibble) and their top 2 bits from the top of bytes 0-3 and 4-7.
-inline void q4k_scales_mins(const uint8_t* packed, uint8_t* scales, uint8_t* mins) {
-  uint32_t a, b, c;
-  std::memcpy(&a, packed, 4);
-  std::memcpy(&b, packed + 4, 4);
-  std::memcpy(&c, packed + 8, 4);
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0xc0c0c0c0;
-  const uint32_t words[4] = {a & kLow6, (c & kLow4) | ((a & kTop2) >> 2), b & kLow6,
-                             ((c >> 4) & kLow4) | ((b & kTop2) >> 2)};
-  std::memcpy(scales, words, 8);
-  std::memcpy(mins, words + 2, 8);
 }
 
 // Sums of each 32-element group of the tokens' activations: [n_tok][cols / 32].

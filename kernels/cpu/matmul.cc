@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "kernels/cpu/kquant_planes.h"
 #include "kernels/cpu/matmul_f32.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
@@ -56,8 +57,18 @@ bool matmul_runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision p
   return k_quant && batch > (simd::has_dot_tile(w.type) ? kInt8KQuantMaxTokens : 2);
 }
 
+// With int8 activations, the K-quant decode kernels of AVX-512 VNNI
+// builds run one plane (kquant_planes.h): the exact mode's kernels with the
+// 8-bit rounding of llama.cpp's Q8_K, faster than the integer tiles here.
+static bool int8_runs_planes(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
+  return precision == ActivationPrecision::kInt8 && kquant_planes_take(w.type, int(batch), KQuantPlanes::kInt8);
+}
+
 size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads, ActivationPrecision precision) {
   if (batch <= 0) return 0;
+  if (int8_runs_planes(w, batch, precision)) {
+    return size_t(n_threads) * kquant_planes_scratch_bytes(w.cols, int(batch), KQuantPlanes::kInt8);
+  }
   if (matmul_runs_f32(w, batch, precision)) return matmul_f32_scratch_bytes(w, n_threads);
   if (vec_dot_type(w.type) == DType::kF32) return 0;  // f32 activations are used in place
   return static_cast<size_t>(batch) * act_row_stride(w);
@@ -69,6 +80,14 @@ void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void
   if (batch <= 0 || w.rows == 0) return;  // also keeps the f32 kernels' token count in 1..
   if (matmul_runs_f32(w, batch, precision)) {
     matmul_f32(w, x, batch, y, static_cast<float*>(scratch), pool);
+    return;
+  }
+  if (int8_runs_planes(w, batch, precision)) {
+    const size_t per_thread = kquant_planes_scratch_bytes(w.cols, int(batch), KQuantPlanes::kInt8);
+    pool.run([&](int thread, int n_threads) {
+      kquant_planes_rows(w, w.rows * thread / n_threads, w.rows * (thread + 1) / n_threads, x, int(batch), y, w.rows,
+                         static_cast<uint8_t*>(scratch) + per_thread * size_t(thread), KQuantPlanes::kInt8);
+    });
     return;
   }
   const int64_t rows = w.rows, cols = w.cols;

@@ -9,7 +9,9 @@
 //   Q8_1, Q8_K) and multiplied with integer dot products, as llama.cpp does:
 //   less exact (about 2% of next-token argmaxes flip on SmolLM2). Q4_K and
 //   Q6_K weights take the kF32 path past kInt8KQuantMaxTokens tokens (prefill
-//   chunks, batches of more than 8), where it is faster (matmul_runs_f32).
+//   chunks, batches of more than 8), where it is faster (matmul_runs_f32);
+//   up to there, on AVX-512 VNNI builds, the one-plane kernels of
+//   kquant_planes.h.
 #pragma once
 
 #include <cstddef>

@@ -17,12 +17,12 @@ namespace lazykv::cpu {
 // (4 KiB measured best of 1, 2, 4 and 8 KiB).
 inline constexpr size_t kPrefetchAhead = 4096;
 
-// Requests the cache lines of kBytes bytes, kPrefetchAhead past p. Called
+// Requests the cache lines of kBytes bytes, kAhead past p. Called
 // for every block (or group of blocks) of a row, it covers every line of the
 // rows that follow.
-template <size_t kBytes>
+template <size_t kBytes, size_t kAhead = kPrefetchAhead>
 inline void prefetch_ahead(const void* p) {
-  const char* ahead = static_cast<const char*>(p) + kPrefetchAhead;
+  const char* ahead = static_cast<const char*>(p) + kAhead;
   for (size_t offset = 0; offset < kBytes; offset += 64) __builtin_prefetch(ahead + offset);
 }
 

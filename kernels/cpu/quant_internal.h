@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "common/dtype.h"
 
@@ -27,6 +28,22 @@ LAZYKV_HOST_DEVICE inline void q4k_scale_min(int j, const uint8_t* s, int& scale
     scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
     min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
+}
+
+// A Q4_K super-block's 8 six-bit scales and mins, unpacked from the 12
+// packed bytes: scales 0-3 and mins 0-3 are the low 6 bits of bytes 0-3 and
+// 4-7; scales and mins 4-7 take their low 4 bits from bytes 8-11 (low and
+// high nibble) and their top 2 bits from the top of bytes 0-3 and 4-7.
+inline void q4k_scales_mins(const uint8_t* packed, uint8_t* scales, uint8_t* mins) {
+  uint32_t a, b, c;
+  std::memcpy(&a, packed, 4);
+  std::memcpy(&b, packed + 4, 4);
+  std::memcpy(&c, packed + 8, 4);
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0xc0c0c0c0;
+  const uint32_t words[4] = {a & kLow6, (c & kLow4) | ((a & kTop2) >> 2), b & kLow6,
+                             ((c >> 4) & kLow4) | ((b & kTop2) >> 2)};
+  std::memcpy(scales, words, 8);
+  std::memcpy(mins, words + 2, 8);
 }
 
 namespace simd {

@@ -1,0 +1,337 @@
+#include "kernels/cpu/kquant_planes.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+#include <immintrin.h>
+
+// GCC 12 reports its own intrinsics' _mm512_undefined_*() operands as
+// uninitialized once they are inlined (the extracts and casts here).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "common/fp16.h"
+#include "kernels/cpu/compile_time_count.h"
+#include "kernels/cpu/hsum_avx.h"
+#include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_internal.h"
+
+namespace lazykv::cpu {
+namespace {
+
+constexpr int kChunk = 32;                          // the unit of the planes' element order
+constexpr int kBlockChunks = kQK_K / kChunk;        // 8 a super-block
+
+// The weight of the last plane in a combined plane dot: 2^-7 per plane after the first.
+constexpr float plane_unit(int planes) { return planes == 3 ? 1.0f / (128.0f * 128.0f) : 1.0f; }
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+// One token's activations in scratch: its planes, the scale of each lane of
+// a plane vector (that of the chunk of 32 its bytes come from) and the exact
+// sums the mins or offsets need.
+struct TokenPlanes {
+  int8_t* planes = nullptr;     // [blocks][n_planes][kQK_K], chunks in the weight type's vector order
+  float* lane_scale = nullptr;  // [cols / 64][16]: s · plane_unit of the chunk each lane of a plane vector reads
+  float* sums = nullptr;        // Q4_K: per 32 elements; Q6_K: per 16; in element order
+
+  static size_t plane_bytes(int64_t cols, int n_planes) { return align64(size_t(cols) * size_t(n_planes)); }
+  static size_t scale_bytes(int64_t cols) { return align64(size_t(cols) / 4 * sizeof(float)); }
+  static size_t sum_bytes(int64_t cols) { return align64(size_t(cols) / 16 * sizeof(float)); }
+  static size_t bytes(int64_t cols, int n_planes) {
+    return plane_bytes(cols, n_planes) + scale_bytes(cols) + sum_bytes(cols);
+  }
+
+  TokenPlanes() = default;
+  TokenPlanes(uint8_t* base, int64_t cols, int n_planes)
+      : planes(reinterpret_cast<int8_t*>(base)),
+        lane_scale(reinterpret_cast<float*>(base + plane_bytes(cols, n_planes))),
+        sums(reinterpret_cast<float*>(base + plane_bytes(cols, n_planes) + scale_bytes(cols))) {}
+};
+
+// Splits 32 activations into kPlanes planes, each kQK_K bytes from the
+// last, and returns their s: max(|x|, at_least) / 127; first_sums gets the
+// sums of the first plane's two halves of 16. A non-finite activation makes
+// s NaN, so the outputs it reaches are NaN, as an f32 dot's would be.
+template <int kPlanes>
+float split_chunk(const float* x, float at_least, int8_t* planes, float* first_sums) {
+  const __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+  const __m512 a0 = _mm512_abs_ps(v[0]), a1 = _mm512_abs_ps(v[1]);
+  const __m512 inf = _mm512_set1_ps(INFINITY);
+  const bool non_finite = _mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ);
+  const float m = std::max(at_least, _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)));
+  const __m512 inv = _mm512_set1_ps(m > 0.0f && !non_finite ? 127.0f / m : 0.0f);
+  for (int i = 0; i < 2; ++i) {
+    __m512 t = _mm512_mul_ps(v[i], inv);
+    for (int k = 0; k < kPlanes; ++k) {
+      const __m512 a = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      if (k == 0) first_sums[i] = hsum(a);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(planes + k * kQK_K + 16 * i),
+                       _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(a)));
+      t = _mm512_mul_ps(_mm512_sub_ps(t, a), _mm512_set1_ps(128.0f));
+    }
+  }
+  return non_finite ? NAN : m / 127.0f;
+}
+
+// Lane i of weight vector v multiplies bytes 4i..4i+3 of that vector of the
+// super-block; the planes hold, at vector v, the 64 activations those bytes
+// meet: chunk kChunkOrder[c] of the super-block at chunk position c.
+struct Q4kLayout {
+  using Block = BlockQ4_K;
+  static constexpr int kChunkOrder[kBlockChunks] = {0, 2, 1, 3, 4, 6, 5, 7};  // a half's low nibbles, then high
+  static constexpr int kSumElems = 32;
+};
+struct Q6kLayout {
+  using Block = BlockQ6_K;
+  static constexpr int kChunkOrder[kBlockChunks] = {0, 1, 2, 3, 4, 5, 6, 7};
+  static constexpr int kSumElems = 16;
+};
+
+// One plane (int8) takes one s per super-block and sums the rounded
+// activations for the mins and offsets, as llama.cpp's Q8_K and its bsums;
+// three (exact) take one s per chunk of 32, so that an outlier costs
+// precision in its own chunk only (the error is relative to the chunk's
+// largest value), and the exact sums of x.
+template <class Layout, int kPlanes>
+void split_token(const float* x, int64_t cols, TokenPlanes tok) {
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const float* xb = x + b * kQK_K;
+    float block_max = 0.0f;
+    if constexpr (kPlanes == 1) {
+      __m512 amax = _mm512_setzero_ps();
+      for (int i = 0; i < kQK_K; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
+      block_max = _mm512_reduce_max_ps(amax);
+    }
+    for (int c = 0; c < kBlockChunks; ++c) {
+      const int chunk = Layout::kChunkOrder[c];
+      float rounded[2];
+      const float s = split_chunk<kPlanes>(xb + chunk * kChunk, block_max,
+                                           tok.planes + b * kPlanes * kQK_K + c * kChunk, rounded);
+      _mm256_storeu_ps(tok.lane_scale + (b * kBlockChunks + c) * 8, _mm256_set1_ps(s * plane_unit(kPlanes)));
+      if constexpr (kPlanes == 1) {
+        float* sums = tok.sums + (b * kQK_K + chunk * kChunk) / Layout::kSumElems;
+        if constexpr (Layout::kSumElems == 32) {
+          sums[0] = s * (rounded[0] + rounded[1]);
+        } else {
+          sums[0] = s * rounded[0];
+          sums[1] = s * rounded[1];
+        }
+      }
+    }
+  }
+  if constexpr (kPlanes > 1) {
+    for (int64_t e = 0; e < cols; e += Layout::kSumElems) {
+      __m512 s = _mm512_loadu_ps(x + e);
+      if constexpr (Layout::kSumElems == 32) s = _mm512_add_ps(s, _mm512_loadu_ps(x + e + 16));
+      tok.sums[e / Layout::kSumElems] = hsum(s);
+    }
+  }
+}
+
+// Per int32 lane: Σ over its 4 bytes of q·(a1·2^14 + a2·2^7 + a3) (or q·a1
+// with one plane), exact: q <= 63 keeps it under 4·63·(127·2^14 + 64·2^7 + 64) < 2^30.
+template <int kPlanes>
+inline __m512i plane_dot(__m512i q, const int8_t* p) {
+  __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(p));
+  for (int k = 1; k < kPlanes; ++k) {
+    acc = _mm512_dpbusd_epi32(_mm512_slli_epi32(acc, 7), q, _mm512_loadu_si512(p + k * kQK_K));
+  }
+  return acc;
+}
+
+// A weight super-block made ready for plane_dot: four 64-byte vectors of
+// unsigned quants, the sub-block scale of each of their lanes, and the
+// weights of the activation sums to take off (Q4_K: dmin·min per 32;
+// Q6_K: 32·d·scale per 16).
+struct UnpackedBlock {
+  __m512i q[4];
+  __m512 scale[4];
+  __m512 correction;
+};
+
+// Lane index tables for _mm512_permutexvar_ps: lane i of vector v reads
+// the scale of sub-block first(v) + (i / lanes_per_sub_block) * step.
+struct ScaleLanes {
+  alignas(64) int idx[4][16];
+  constexpr ScaleLanes(int lanes_per_sub_block, int step, const int (&first)[4]) : idx{} {
+    for (int v = 0; v < 4; ++v) {
+      for (int i = 0; i < 16; ++i) idx[v][i] = first[v] + (i / lanes_per_sub_block) * step;
+    }
+  }
+  __m512i operator[](int v) const { return _mm512_load_si512(idx[v]); }
+};
+constexpr int kQ4kFirst[4] = {0, 1, 4, 5};
+constexpr int kQ6kFirst[4] = {0, 4, 8, 12};
+constexpr ScaleLanes kQ4kScaleLanes(8, 2, kQ4kFirst);  // lanes 0-7: sub-block first, 8-15: first + 2
+constexpr ScaleLanes kQ6kScaleLanes(4, 1, kQ6kFirst);  // 4 lanes a sub-block of 16
+
+inline void unpack(const BlockQ4_K& blk, UnpackedBlock& u) {
+  alignas(16) uint8_t sc[8], mn[8];
+  q4k_scales_mins(blk.scales, sc, mn);
+  const auto to_float = [](const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  };
+  const __m512 scales = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.d)), to_float(sc)));
+  u.correction = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.dmin)), to_float(mn)));
+  // Vector 2h + n: half h's 64 bytes, low (n = 0) or high nibbles; lanes
+  // 0-7 are sub-block 4h + n, lanes 8-15 sub-block 4h + n + 2.
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i packed = _mm512_loadu_si512(blk.qs + 64 * h);
+    u.q[2 * h] = _mm512_and_si512(packed, low4);
+    u.q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+    for (int n = 0; n < 2; ++n) {
+      u.scale[2 * h + n] = _mm512_permutexvar_ps(kQ4kScaleLanes[2 * h + n], scales);
+    }
+  }
+}
+
+inline void unpack(const BlockQ6_K& blk, UnpackedBlock& u) {
+  const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(fp16_to_fp32(blk.d)),
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)))));
+  u.correction = _mm512_mul_ps(scales, _mm512_set1_ps(32.0f));
+  // Vector 2·half + n: elements 64n..64n+63 of the half, in order, 4 lanes a
+  // sub-block of 16. Low 4 bits from ql (low nibbles for n = 0), top 2 from
+  // qh: bits 0-1 and 2-3 of qh[k] for elements k and 32 + k, 4-5 and 6-7 for
+  // 64 + k and 96 + k.
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  for (int half = 0; half < 2; ++half) {
+    const __m512i ql = _mm512_loadu_si512(blk.ql + 64 * half);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * half));
+    const __m512i top_lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(qh, 4)), _mm256_slli_epi16(qh, 2), 1);
+    const __m512i top_hi = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    u.q[2 * half] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(top_lo, bits45));
+    u.q[2 * half + 1] =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), _mm512_and_si512(top_hi, bits45));
+    for (int n = 0; n < 2; ++n) {
+      u.scale[2 * half + n] = _mm512_permutexvar_ps(kQ6kScaleLanes[2 * half + n], scales);
+    }
+  }
+}
+
+inline __m512 load_sums(const float* p, int count) {
+  return count == 16 ? _mm512_loadu_ps(p) : _mm512_zextps256_ps512(_mm256_loadu_ps(p));
+}
+
+// kRows rows against NT tokens.
+template <class Layout, int kPlanes, int NT, int kRows, size_t kAhead>
+void tile(const uint8_t* const* rows, int64_t n_blocks, const TokenPlanes* tok, float* out, int64_t out_stride) {
+  constexpr int kSums = kQK_K / Layout::kSumElems;
+  __m512 acc[kRows][NT], corr[kRows][NT];
+  for (int i = 0; i < kRows; ++i) {
+    for (int t = 0; t < NT; ++t) acc[i][t] = corr[i][t] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    for (int i = 0; i < kRows; ++i) {
+      const auto* blk = reinterpret_cast<const typename Layout::Block*>(rows[i]) + b;
+      prefetch_ahead<sizeof(*blk), kAhead>(blk);
+      UnpackedBlock u;
+      unpack(*blk, u);
+      for (int t = 0; t < NT; ++t) {
+        corr[i][t] = _mm512_fmadd_ps(u.correction, load_sums(tok[t].sums + b * kSums, kSums), corr[i][t]);
+        const int8_t* planes = tok[t].planes + b * kPlanes * kQK_K;
+        const float* lane_scale = tok[t].lane_scale + b * kQK_K / 4;
+        __m512 part;
+        if constexpr (kPlanes == 1) {  // one s for the super-block: applied once
+          part = _mm512_mul_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[0], planes)), u.scale[0]);
+          for (int v = 1; v < 4; ++v) {
+            part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[v], planes + 64 * v)), u.scale[v], part);
+          }
+          part = _mm512_mul_ps(part, _mm512_set1_ps(lane_scale[0]));
+        } else {
+          part = _mm512_mul_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[0], planes)),
+                               _mm512_mul_ps(u.scale[0], _mm512_loadu_ps(lane_scale)));
+          for (int v = 1; v < 4; ++v) {
+            part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[v], planes + 64 * v)),
+                                   _mm512_mul_ps(u.scale[v], _mm512_loadu_ps(lane_scale + 16 * v)), part);
+          }
+        }
+        acc[i][t] = _mm512_add_ps(acc[i][t], part);
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i) {
+    for (int t = 0; t < NT; ++t) out[t * out_stride + i] = hsum(acc[i][t]) - hsum(corr[i][t]);
+  }
+}
+
+template <class Layout, int kPlanes, int NT>
+void rows_of(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const TokenPlanes* tok, float* y,
+             int64_t y_stride) {
+  const size_t stride = row_bytes(w.type, size_t(w.cols));
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t n_blocks = w.cols / kQK_K;
+  int64_t r = r_begin;
+  // Rows per tile and prefetch distance, as measured (bench/matmul_bench, 1.5B MLP rows from memory,
+  // 2 vCPUs of a Zen 4): one row and 4 KiB fastest but for exact Q6_K, the heaviest to unpack,
+  // whose two rows and 8 KiB took 500 against 560 us.
+  constexpr bool kWide = std::is_same_v<Layout, Q6kLayout> && kPlanes == 3;
+  constexpr int kRows = kWide && NT <= 4 ? 2 : 1;  // (more tokens: the accumulators fill the registers)
+  constexpr size_t kAhead = kWide ? 2 * kPrefetchAhead : kPrefetchAhead;
+  for (; r + kRows <= r_end; r += kRows) {
+    const uint8_t* rows[kRows];
+    for (int i = 0; i < kRows; ++i) rows[i] = base + size_t(r + i) * stride;
+    tile<Layout, kPlanes, NT, kRows, kAhead>(rows, n_blocks, tok, y + r, y_stride);
+  }
+  for (; r < r_end; ++r) {
+    const uint8_t* rows[1] = {base + size_t(r) * stride};
+    tile<Layout, kPlanes, NT, 1, kAhead>(rows, n_blocks, tok, y + r, y_stride);
+  }
+}
+
+template <class Layout, int kPlanes>
+void run(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
+         int64_t y_stride, uint8_t* scratch) {
+  TokenPlanes tok[kKQuantPlanesMaxTokens];
+  for (int t = 0; t < n_tok; ++t) {
+    tok[t] = TokenPlanes(scratch + size_t(t) * TokenPlanes::bytes(w.cols, kPlanes), w.cols, kPlanes);
+    split_token<Layout, kPlanes>(x + t * w.cols, w.cols, tok[t]);
+  }
+  with_compile_time_count<kKQuantPlanesMaxTokens>(
+      n_tok, [&](auto n) { rows_of<Layout, kPlanes, decltype(n)::value>(w, r_begin, r_end, tok, y, y_stride); });
+}
+
+template <class Layout>
+void run(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
+         int64_t y_stride, uint8_t* scratch, KQuantPlanes planes) {
+  if (planes == KQuantPlanes::kExact) {
+    run<Layout, 3>(w, r_begin, r_end, x, n_tok, y, y_stride, scratch);
+  } else {
+    run<Layout, 1>(w, r_begin, r_end, x, n_tok, y, y_stride, scratch);
+  }
+}
+
+}  // namespace
+
+size_t kquant_planes_scratch_bytes(int64_t cols, int n_tok, KQuantPlanes planes) {
+  return TokenPlanes::bytes(cols, int(planes)) * size_t(n_tok);
+}
+
+void kquant_planes_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
+                        int64_t y_stride, void* scratch, KQuantPlanes planes) {
+  auto* bytes = static_cast<uint8_t*>(scratch);
+  if (w.type == DType::kQ4_K) {
+    run<Q4kLayout>(w, r_begin, r_end, x, n_tok, y, y_stride, bytes, planes);
+  } else {
+    run<Q6kLayout>(w, r_begin, r_end, x, n_tok, y, y_stride, bytes, planes);
+  }
+}
+
+}  // namespace lazykv::cpu
+
+#else  // no AVX-512 VNNI: kHaveKQuantPlanes is false and nothing calls these
+
+namespace lazykv::cpu {
+size_t kquant_planes_scratch_bytes(int64_t, int, KQuantPlanes) { return 0; }
+void kquant_planes_rows(const WeightMatrix&, int64_t, int64_t, const float*, int, float*, int64_t, void*,
+                        KQuantPlanes) {}
+}  // namespace lazykv::cpu
+
+#endif

@@ -1,0 +1,114 @@
+// The K-quant plane kernels (kquant_planes.cc) called directly: the exact
+// mode against a double-precision dot of the dequantized weights, with
+// ordinary activations (to the f32 kernels' tolerance) and with an outlier
+// 1000x the rest (to the planes' stated bound: their error is relative to
+// the largest value of each chunk of 32); both modes
+// turn a non-finite activation into non-finite outputs. (matmul_test
+// reaches them through matmul, int8 mode against vec_dot_scalar on Q8_K.)
+#include "kernels/cpu/kquant_planes.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "tests/unit/kernels/kernel_test_util.h"
+
+namespace lazykv::cpu {
+namespace {
+
+constexpr int64_t kRows = 7, kCols = 768;  // odd rows: two-row tiles and a single-row tail
+
+struct Planes {
+  std::vector<uint8_t> w_q;
+  std::vector<float> w_deq;
+  std::unique_ptr<uint8_t[]> scratch_owner;
+  uint8_t* scratch;
+
+  explicit Planes(DType type, int n_tok) {
+    const auto w_f = testing::random_floats(size_t(kRows * kCols), 3, 0.3f);
+    w_q = testing::quantize(type, w_f);
+    w_deq = testing::dequantize(type, w_q, w_f.size());
+    const size_t bytes = kquant_planes_scratch_bytes(kCols, n_tok, KQuantPlanes::kExact);
+    scratch_owner.reset(new uint8_t[bytes + 64]);
+    scratch = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch_owner.get()) + 63) / 64 * 64);
+  }
+
+  std::vector<float> run(DType type, const std::vector<float>& x, int n_tok, KQuantPlanes planes) {
+    const WeightMatrix w{type, kRows, kCols, w_q.data()};
+    std::vector<float> y(size_t(n_tok * kRows), std::nanf(""));
+    kquant_planes_rows(w, 0, kRows, x.data(), n_tok, y.data(), kRows, scratch, planes);
+    return y;
+  }
+};
+
+void check_exact(DType type, int n_tok, bool outlier) {
+  SCOPED_TRACE(std::string(dtype_traits(type).name) + " tokens=" + std::to_string(n_tok) +
+               (outlier ? " with an outlier" : ""));
+  Planes p(type, n_tok);
+  auto x = testing::random_floats(size_t(n_tok * kCols), 5 + uint32_t(n_tok));
+  if (outlier) {
+    for (int t = 0; t < n_tok; ++t) x[size_t(t * kCols + 300 + t)] = 1000.0f;
+  }
+  const auto y = p.run(type, x, n_tok, KQuantPlanes::kExact);
+  for (int t = 0; t < n_tok; ++t) {
+    const float* xt = x.data() + t * kCols;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float* w = p.w_deq.data() + r * kCols;
+      double dot = 0.0, magnitude = 0.0, split_error = 0.0;
+      for (int64_t k = 0; k < kCols; ++k) {
+        dot += double(w[k]) * xt[k];
+        magnitude += std::fabs(double(w[k]) * xt[k]);
+        // The planes' bound, 1.25·2^-15·s per activation (s: its chunk's max / 127), on a
+        // weight of at most twice the largest in its chunk (the quants before the min is taken off).
+        const int64_t chunk = k / 32 * 32;
+        double chunk_max = 0.0, w_max = 0.0;
+        for (int64_t j = chunk; j < chunk + 32; ++j) {
+          chunk_max = std::max(chunk_max, double(std::fabs(xt[j])));
+          w_max = std::max(w_max, double(std::fabs(w[j])));
+        }
+        split_error += 2.0 * w_max * 1.25 * std::ldexp(chunk_max / 127.0, -15);
+      }
+      // Ordinary activations: as exact as the f32 kernels (their tolerance in matmul_test).
+      const double tolerance = outlier ? 1e-6 * magnitude + split_error : 1e-6 * magnitude + 1e-6;
+      ASSERT_NEAR(y[size_t(t * kRows + r)], dot, tolerance) << "row " << r << " token " << t;
+    }
+  }
+}
+
+TEST(KQuantPlanes, ExactModeMatchesTheReference) {
+  if (!kHaveKQuantPlanes) GTEST_SKIP() << "this build has no K-quant plane kernels (no AVX-512 VNNI)";
+  for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
+    for (int n_tok = 1; kquant_planes_take(type, n_tok, KQuantPlanes::kExact); ++n_tok) {
+      check_exact(type, n_tok, false);
+      check_exact(type, n_tok, true);
+    }
+  }
+}
+
+TEST(KQuantPlanes, NonFiniteActivationsGiveNonFiniteOutputs) {
+  if (!kHaveKQuantPlanes) GTEST_SKIP() << "this build has no K-quant plane kernels (no AVX-512 VNNI)";
+  for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
+    for (KQuantPlanes planes : {KQuantPlanes::kExact, KQuantPlanes::kInt8}) {
+      for (float bad : {std::nanf(""), INFINITY}) {
+        SCOPED_TRACE(std::string(dtype_traits(type).name) + (planes == KQuantPlanes::kExact ? " exact " : " int8 ") +
+                     std::to_string(bad));
+        Planes p(type, 2);
+        auto x = testing::random_floats(size_t(2 * kCols), 9);
+        x[size_t(kCols + 517)] = bad;  // token 1 only
+        const auto y = p.run(type, x, 2, planes);
+        for (int64_t r = 0; r < kRows; ++r) {
+          EXPECT_TRUE(std::isfinite(y[size_t(r)])) << "token 0, row " << r;
+          EXPECT_FALSE(std::isfinite(y[size_t(kRows + r)])) << "token 1, row " << r;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lazykv::cpu
