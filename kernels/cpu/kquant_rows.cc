@@ -356,7 +356,7 @@ void q6k_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float
 static_assert(kQ4kRowsMaxTokens <= kQ4kSubBlock);
 
 void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
-                     int64_t y_stride, float* scratch, KQuantRowsWidth width) {
+                     int64_t y_stride, float* scratch, [[maybe_unused]] KQuantRowsWidth width) {
   if (w.type == DType::kQ4_K) {
     group_sums(x, w.cols, n_tok, scratch);
 #if defined(__AVX512F__)
