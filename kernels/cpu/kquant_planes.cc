@@ -56,8 +56,8 @@ struct TokenPlanes {
 };
 
 // Splits 32 activations into kPlanes planes, each kQK_K bytes from the
-// last, and returns their s: max(|x|, at_least) / 127; first_sums gets the
-// sums of the first plane's two halves of 16. A non-finite activation makes
+// last, and returns their s: max(|x|, at_least) / 127; with one plane,
+// first_sums gets the sums of its two halves of 16. A non-finite activation makes
 // s NaN, so the outputs it reaches are NaN, as an f32 dot's would be.
 template <int kPlanes>
 float split_chunk(const float* x, float at_least, int8_t* planes, float* first_sums) {
@@ -66,12 +66,13 @@ float split_chunk(const float* x, float at_least, int8_t* planes, float* first_s
   const __m512 inf = _mm512_set1_ps(INFINITY);
   const bool non_finite = _mm512_cmp_ps_mask(a0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(a1, inf, _CMP_NLT_UQ);
   const float m = std::max(at_least, _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)));
-  const __m512 inv = _mm512_set1_ps(m > 0.0f && !non_finite ? 127.0f / m : 0.0f);
+  const float inv_m = 127.0f / m;  // inf for m = 0 or below 127 / FLT_MAX: the chunk is zero then
+  const __m512 inv = _mm512_set1_ps(inv_m < INFINITY && !non_finite ? inv_m : 0.0f);
   for (int i = 0; i < 2; ++i) {
     __m512 t = _mm512_mul_ps(v[i], inv);
     for (int k = 0; k < kPlanes; ++k) {
       const __m512 a = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      if (k == 0) first_sums[i] = hsum(a);
+      if (kPlanes == 1) first_sums[i] = hsum(a);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(planes + k * kQK_K + 16 * i),
                        _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(a)));
       t = _mm512_mul_ps(_mm512_sub_ps(t, a), _mm512_set1_ps(128.0f));
@@ -294,7 +295,8 @@ void run(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, 
     tok[t] = TokenPlanes(scratch + size_t(t) * TokenPlanes::bytes(w.cols, kPlanes), w.cols, kPlanes);
     split_token<Layout, kPlanes>(x + t * w.cols, w.cols, tok[t]);
   }
-  with_compile_time_count<kKQuantPlanesMaxTokens>(
+  constexpr int kMaxTokens = kPlanes == 1 ? kKQuantPlanesMaxTokens : kKQuantPlanesExactMaxTokens;
+  with_compile_time_count<kMaxTokens>(
       n_tok, [&](auto n) { rows_of<Layout, kPlanes, decltype(n)::value>(w, r_begin, r_end, tok, y, y_stride); });
 }
 

@@ -3,11 +3,12 @@
 // quants by VNNI dot products, 64 multiply-adds an instruction where the f32
 // kernels (kquant_rows.cc) do 16 and must first turn every quant into a float.
 //
-// Each super-block of 256 activations, with s = max |x| / 127, is written
+// Each chunk of 32 activations, with s = max |x| / 127, is written
 //   x = s · (a1 + a2 / 128 + a3 / 128²) + e,   a1 in [-127, 127], a2, a3 in [-64, 64],
 // each plane a rounding of what the planes before it left over, so
-// |e| <= 1.25 · s · 2^-15, about max |x| · 2^-22: one or two f32 roundings
-// of the block's largest value, which the f32 kernels' own sums also carry.
+// |e| <= 2 · s · 2^-15 (the last plane's rounding and the f32 roundings of
+// 127 / max, x · that and s), about max |x| · 2^-21: a few f32 roundings of
+// the chunk's largest value, which the f32 kernels' own sums also carry.
 // For one (weight vector, activation vector) the three planes' integer dots
 // are combined exactly in int32 (a1·2^14 + a2·2^7 + a3) and scaled once, in
 // f32, by the sub-block scale and the block's s. Q4_K's mins and Q6_K's
@@ -31,8 +32,8 @@ inline constexpr bool kHaveKQuantPlanes = false;  // kquant_rows.cc runs instead
 #endif
 
 // Planes per activation: three for the exact mode (f32 activations), one
-// for --activations int8, which is then the 8-bit rounding per super-block
-// of 256 that llama.cpp's Q8_K is.
+// for --activations int8, whose quants per super-block of 256 are then
+// those of llama.cpp's Q8_K (its scale can differ by an ulp).
 enum class KQuantPlanes : int { kInt8 = 1, kExact = 3 };
 
 // The most tokens a call takes; more go to the f32 kernels. Each token
@@ -54,7 +55,7 @@ size_t kquant_planes_scratch_bytes(int64_t cols, int n_tok, KQuantPlanes planes)
 
 // y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and
 // t < n_tok; x is [n_tok][w.cols]; scratch: kquant_planes_scratch_bytes,
-// 64-byte aligned. Only where kquant_planes_take(w.type, n_tok).
+// 64-byte aligned. Only where kquant_planes_take(w.type, n_tok, planes).
 void kquant_planes_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                         int64_t y_stride, void* scratch, KQuantPlanes planes);
 

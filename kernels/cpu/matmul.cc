@@ -44,6 +44,14 @@ void check_shape(const WeightMatrix& w) {
 
 }  // namespace
 
+// With int8 activations, the K-quant decode kernels of AVX-512 VNNI
+// builds run one plane (kquant_planes.h): the exact mode's kernels with the
+// 8-bit rounding of llama.cpp's Q8_K, faster than the integer tiles here.
+static_assert(kKQuantPlanesMaxTokens <= kInt8KQuantMaxTokens, "int8 planes run only where int8 would");
+static bool int8_runs_planes(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
+  return precision == ActivationPrecision::kInt8 && kquant_planes_take(w.type, int(batch), KQuantPlanes::kInt8);
+}
+
 // With int8 activations too for K-quant weights past kInt8KQuantMaxTokens:
 // their integer tiles unpack a row's super-block once per tile of 4 tokens,
 // while the f32 panels dequantize a panel once for the whole chunk, and were
@@ -52,22 +60,16 @@ void check_shape(const WeightMatrix& w) {
 // faster (docs/engine.md, "int8 K-quant tiles").
 bool matmul_runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
   if (precision == ActivationPrecision::kF32) return true;
+  if (int8_runs_planes(w, batch, precision)) return false;
   const bool k_quant = w.type == DType::kQ4_K || w.type == DType::kQ6_K;
   // Without tiles (no SIMD) int8 K-quants go one pair at a time, slower than f32 from 3 tokens.
   return k_quant && batch > (simd::has_dot_tile(w.type) ? kInt8KQuantMaxTokens : 2);
 }
 
-// With int8 activations, the K-quant decode kernels of AVX-512 VNNI
-// builds run one plane (kquant_planes.h): the exact mode's kernels with the
-// 8-bit rounding of llama.cpp's Q8_K, faster than the integer tiles here.
-static bool int8_runs_planes(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
-  return precision == ActivationPrecision::kInt8 && kquant_planes_take(w.type, int(batch), KQuantPlanes::kInt8);
-}
-
 size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads, ActivationPrecision precision) {
   if (batch <= 0) return 0;
   if (int8_runs_planes(w, batch, precision)) {
-    return size_t(n_threads) * kquant_planes_scratch_bytes(w.cols, int(batch), KQuantPlanes::kInt8);
+    return size_t(std::max(1, n_threads)) * kquant_planes_scratch_bytes(w.cols, int(batch), KQuantPlanes::kInt8);
   }
   if (matmul_runs_f32(w, batch, precision)) return matmul_f32_scratch_bytes(w, n_threads);
   if (vec_dot_type(w.type) == DType::kF32) return 0;  // f32 activations are used in place
@@ -78,16 +80,16 @@ void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void
             ActivationPrecision precision) {
   check_shape(w);
   if (batch <= 0 || w.rows == 0) return;  // also keeps the f32 kernels' token count in 1..
-  if (matmul_runs_f32(w, batch, precision)) {
-    matmul_f32(w, x, batch, y, static_cast<float*>(scratch), pool);
-    return;
-  }
-  if (int8_runs_planes(w, batch, precision)) {
+  if (int8_runs_planes(w, batch, precision)) {  // before matmul_runs_f32, as matmul_scratch_bytes sizes it
     const size_t per_thread = kquant_planes_scratch_bytes(w.cols, int(batch), KQuantPlanes::kInt8);
     pool.run([&](int thread, int n_threads) {
       kquant_planes_rows(w, w.rows * thread / n_threads, w.rows * (thread + 1) / n_threads, x, int(batch), y, w.rows,
                          static_cast<uint8_t*>(scratch) + per_thread * size_t(thread), KQuantPlanes::kInt8);
     });
+    return;
+  }
+  if (matmul_runs_f32(w, batch, precision)) {
+    matmul_f32(w, x, batch, y, static_cast<float*>(scratch), pool);
     return;
   }
   const int64_t rows = w.rows, cols = w.cols;
