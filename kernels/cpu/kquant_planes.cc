@@ -18,6 +18,7 @@
 #include "common/fp16.h"
 #include "kernels/cpu/compile_time_count.h"
 #include "kernels/cpu/hsum_avx.h"
+#include "kernels/cpu/kquant_avx.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
@@ -33,16 +34,18 @@ constexpr float plane_unit(int planes) { return planes == 3 ? 1.0f / (128.0f * 1
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
-// One token's activations in scratch: its planes, the scale of each lane of
-// a plane vector (that of the chunk of 32 its bytes come from) and the exact
-// sums the mins or offsets need.
+// One token's activations in scratch: its planes, the s of each sub-block
+// of the weight type (that of the chunk of 32 its elements are in) and the
+// exact sums the mins or offsets need.
 struct TokenPlanes {
-  int8_t* planes = nullptr;     // [blocks][n_planes][kQK_K], chunks in the weight type's vector order
-  float* lane_scale = nullptr;  // [cols / 64][16]: s · plane_unit of the chunk each lane of a plane vector reads
-  float* sums = nullptr;        // Q4_K: per 32 elements; Q6_K: per 16; in element order
+  static constexpr int kScalesPerBlock = 16;  // Q6_K's sub-blocks of 16; Q4_K uses the first 8
+
+  int8_t* planes = nullptr;    // [blocks][n_planes][kQK_K], chunks in the weight type's vector order
+  float* sub_scale = nullptr;  // [blocks][16]: s · plane_unit of the sub-block's chunk, in sub-block order
+  float* sums = nullptr;       // Q4_K: per 32 elements; Q6_K: per 16; in element order
 
   static size_t plane_bytes(int64_t cols, int n_planes) { return align64(size_t(cols) * size_t(n_planes)); }
-  static size_t scale_bytes(int64_t cols) { return align64(size_t(cols) / 4 * sizeof(float)); }
+  static size_t scale_bytes(int64_t cols) { return align64(size_t(cols) / kQK_K * kScalesPerBlock * sizeof(float)); }
   static size_t sum_bytes(int64_t cols) { return align64(size_t(cols) / 16 * sizeof(float)); }
   static size_t bytes(int64_t cols, int n_planes) {
     return plane_bytes(cols, n_planes) + scale_bytes(cols) + sum_bytes(cols);
@@ -51,7 +54,7 @@ struct TokenPlanes {
   TokenPlanes() = default;
   TokenPlanes(uint8_t* base, int64_t cols, int n_planes)
       : planes(reinterpret_cast<int8_t*>(base)),
-        lane_scale(reinterpret_cast<float*>(base + plane_bytes(cols, n_planes))),
+        sub_scale(reinterpret_cast<float*>(base + plane_bytes(cols, n_planes))),
         sums(reinterpret_cast<float*>(base + plane_bytes(cols, n_planes) + scale_bytes(cols))) {}
 };
 
@@ -104,6 +107,9 @@ template <class Layout, int kPlanes>
 void split_token(const float* x, int64_t cols, TokenPlanes tok) {
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const float* xb = x + b * kQK_K;
+    if constexpr (Layout::kSumElems == 32) {  // Q4_K's 8 sub-blocks leave lanes no weight vector reads
+      std::fill_n(tok.sub_scale + b * TokenPlanes::kScalesPerBlock + kBlockChunks, kBlockChunks, 0.0f);
+    }
     float block_max = 0.0f;
     if constexpr (kPlanes == 1) {
       __m512 amax = _mm512_setzero_ps();
@@ -115,7 +121,13 @@ void split_token(const float* x, int64_t cols, TokenPlanes tok) {
       float rounded[2];
       const float s = split_chunk<kPlanes>(xb + chunk * kChunk, block_max,
                                            tok.planes + b * kPlanes * kQK_K + c * kChunk, rounded);
-      _mm256_storeu_ps(tok.lane_scale + (b * kBlockChunks + c) * 8, _mm256_set1_ps(s * plane_unit(kPlanes)));
+      float* sub_scale = tok.sub_scale + b * TokenPlanes::kScalesPerBlock;
+      const float unit_s = s * plane_unit(kPlanes);
+      if constexpr (Layout::kSumElems == 32) {
+        sub_scale[chunk] = unit_s;
+      } else {
+        sub_scale[2 * chunk] = sub_scale[2 * chunk + 1] = unit_s;
+      }
       if constexpr (kPlanes == 1) {
         float* sums = tok.sums + (b * kQK_K + chunk * kChunk) / Layout::kSumElems;
         if constexpr (Layout::kSumElems == 32) {
@@ -148,56 +160,40 @@ inline __m512i plane_dot(__m512i q, const int8_t* p) {
 }
 
 // A weight super-block made ready for plane_dot: four 64-byte vectors of
-// unsigned quants, the sub-block scale of each of their lanes, and the
-// weights of the activation sums to take off (Q4_K: dmin·min per 32;
-// Q6_K: 32·d·scale per 16).
+// unsigned quants, the sub-block scales in sub-block order (Q4_K: 8, the
+// upper lanes zero; Q6_K: 16), and the weights of the activation sums to
+// take off (Q4_K: dmin·min per 32; Q6_K: 32·d·scale per 16).
 struct UnpackedBlock {
   __m512i q[4];
-  __m512 scale[4];
+  __m512 sub_scale;
   __m512 correction;
 };
 
-// Lane index tables for _mm512_permutexvar_ps: lane i of vector v reads
-// the scale of sub-block first(v) + (i / lanes_per_sub_block) * step.
-struct ScaleLanes {
-  alignas(64) int idx[4][16];
-  constexpr ScaleLanes(int lanes_per_sub_block, int step, const int (&first)[4]) : idx{} {
-    for (int v = 0; v < 4; ++v) {
-      for (int i = 0; i < 16; ++i) idx[v][i] = first[v] + (i / lanes_per_sub_block) * step;
-    }
-  }
-  __m512i operator[](int v) const { return _mm512_load_si512(idx[v]); }
-};
-constexpr int kQ4kFirst[4] = {0, 1, 4, 5};
-constexpr int kQ6kFirst[4] = {0, 4, 8, 12};
-constexpr ScaleLanes kQ4kScaleLanes(8, 2, kQ4kFirst);  // lanes 0-7: sub-block first, 8-15: first + 2
-constexpr ScaleLanes kQ6kScaleLanes(4, 1, kQ6kFirst);  // 4 lanes a sub-block of 16
+// The scale of each lane of the four weight vectors, from per-sub-block scales.
+template <class Block>
+inline void lane_scales(__m512 sub_scale, __m512 (&lane)[4]) {
+  const ScaleLanes& lanes = std::is_same_v<Block, BlockQ4_K> ? kQ4kScaleLanes : kQ6kScaleLanes;
+  for (int v = 0; v < 4; ++v) lane[v] = _mm512_permutexvar_ps(lanes[v], sub_scale);
+}
 
 inline void unpack(const BlockQ4_K& blk, UnpackedBlock& u) {
   alignas(16) uint8_t sc[8], mn[8];
   q4k_scales_mins(blk.scales, sc, mn);
-  const auto to_float = [](const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  };
-  const __m512 scales = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.d)), to_float(sc)));
-  u.correction = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.dmin)), to_float(mn)));
-  // Vector 2h + n: half h's 64 bytes, low (n = 0) or high nibbles; lanes
-  // 0-7 are sub-block 4h + n, lanes 8-15 sub-block 4h + n + 2.
+  u.sub_scale = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.d)), u8x8_to_float(sc)));
+  u.correction = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(blk.dmin)), u8x8_to_float(mn)));
+  // Vector 2h + n: half h's 64 bytes, low (n = 0) or high nibbles (kQ4kScaleLanes).
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int h = 0; h < 2; ++h) {
     const __m512i packed = _mm512_loadu_si512(blk.qs + 64 * h);
     u.q[2 * h] = _mm512_and_si512(packed, low4);
     u.q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
-    for (int n = 0; n < 2; ++n) {
-      u.scale[2 * h + n] = _mm512_permutexvar_ps(kQ4kScaleLanes[2 * h + n], scales);
-    }
   }
 }
 
 inline void unpack(const BlockQ6_K& blk, UnpackedBlock& u) {
-  const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(fp16_to_fp32(blk.d)),
+  u.sub_scale = _mm512_mul_ps(_mm512_set1_ps(fp16_to_fp32(blk.d)),
       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)))));
-  u.correction = _mm512_mul_ps(scales, _mm512_set1_ps(32.0f));
+  u.correction = _mm512_mul_ps(u.sub_scale, _mm512_set1_ps(32.0f));
   // Vector 2·half + n: elements 64n..64n+63 of the half, in order, 4 lanes a
   // sub-block of 16. Low 4 bits from ql (low nibbles for n = 0), top 2 from
   // qh: bits 0-1 and 2-3 of qh[k] for elements k and 32 + k, 4-5 and 6-7 for
@@ -211,9 +207,6 @@ inline void unpack(const BlockQ6_K& blk, UnpackedBlock& u) {
     u.q[2 * half] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(top_lo, bits45));
     u.q[2 * half + 1] =
         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), _mm512_and_si512(top_hi, bits45));
-    for (int n = 0; n < 2; ++n) {
-      u.scale[2 * half + n] = _mm512_permutexvar_ps(kQ6kScaleLanes[2 * half + n], scales);
-    }
   }
 }
 
@@ -221,69 +214,84 @@ inline __m512 load_sums(const float* p, int count) {
   return count == 16 ? _mm512_loadu_ps(p) : _mm512_zextps256_ps512(_mm256_loadu_ps(p));
 }
 
+// Σ over the four weight vectors of their plane dots, each lane scaled.
+template <int kPlanes>
+inline __m512 scaled_dots(const UnpackedBlock& u, const int8_t* planes, const __m512 (&lane_scale)[4]) {
+  __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[0], planes)), lane_scale[0]);
+  for (int v = 1; v < 4; ++v) {
+    part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[v], planes + 64 * v)), lane_scale[v], part);
+  }
+  return part;
+}
+
 // kRows rows against NT tokens.
 template <class Layout, int kPlanes, int NT, int kRows, size_t kAhead>
-void tile(const uint8_t* const* rows, int64_t n_blocks, const TokenPlanes* tok, float* out, int64_t out_stride) {
+void tile(const uint8_t* first_row, size_t row_stride, int64_t n_blocks, const TokenPlanes* tok, float* out,
+          int64_t out_stride) {
+  using Block = typename Layout::Block;
   constexpr int kSums = kQK_K / Layout::kSumElems;
-  __m512 acc[kRows][NT], corr[kRows][NT];
+  constexpr int kScales = TokenPlanes::kScalesPerBlock;
+  __m512 acc[kRows][NT];
   for (int i = 0; i < kRows; ++i) {
-    for (int t = 0; t < NT; ++t) acc[i][t] = corr[i][t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
   }
   for (int64_t b = 0; b < n_blocks; ++b) {
     for (int i = 0; i < kRows; ++i) {
-      const auto* blk = reinterpret_cast<const typename Layout::Block*>(rows[i]) + b;
-      prefetch_ahead<sizeof(*blk), kAhead>(blk);
+      const auto* blk = reinterpret_cast<const Block*>(first_row + size_t(i) * row_stride) + b;
+      prefetch_ahead<sizeof(Block), kAhead>(blk);
       UnpackedBlock u;
       unpack(*blk, u);
+      __m512 lane_scale[4];
+      if constexpr (kPlanes == 1) lane_scales<typename Layout::Block>(u.sub_scale, lane_scale);
       for (int t = 0; t < NT; ++t) {
-        corr[i][t] = _mm512_fmadd_ps(u.correction, load_sums(tok[t].sums + b * kSums, kSums), corr[i][t]);
         const int8_t* planes = tok[t].planes + b * kPlanes * kQK_K;
-        const float* lane_scale = tok[t].lane_scale + b * kQK_K / 4;
+        const float* sub_scale = tok[t].sub_scale + b * kScales;
         __m512 part;
         if constexpr (kPlanes == 1) {  // one s for the super-block: applied once
-          part = _mm512_mul_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[0], planes)), u.scale[0]);
-          for (int v = 1; v < 4; ++v) {
-            part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[v], planes + 64 * v)), u.scale[v], part);
-          }
-          part = _mm512_mul_ps(part, _mm512_set1_ps(lane_scale[0]));
-        } else {
-          part = _mm512_mul_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[0], planes)),
-                               _mm512_mul_ps(u.scale[0], _mm512_loadu_ps(lane_scale)));
-          for (int v = 1; v < 4; ++v) {
-            part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(plane_dot<kPlanes>(u.q[v], planes + 64 * v)),
-                                   _mm512_mul_ps(u.scale[v], _mm512_loadu_ps(lane_scale + 16 * v)), part);
-          }
+          part = _mm512_mul_ps(scaled_dots<kPlanes>(u, planes, lane_scale), _mm512_set1_ps(sub_scale[0]));
+        } else {  // an s per chunk: folded into the sub-block scales before they are spread over lanes
+          lane_scales<typename Layout::Block>(_mm512_mul_ps(u.sub_scale, _mm512_load_ps(sub_scale)), lane_scale);
+          part = scaled_dots<kPlanes>(u, planes, lane_scale);
         }
+        part = _mm512_fnmadd_ps(u.correction, load_sums(tok[t].sums + b * kSums, kSums), part);
         acc[i][t] = _mm512_add_ps(acc[i][t], part);
       }
     }
   }
   for (int i = 0; i < kRows; ++i) {
-    for (int t = 0; t < NT; ++t) out[t * out_stride + i] = hsum(acc[i][t]) - hsum(corr[i][t]);
+    for (int t = 0; t < NT; ++t) out[t * out_stride + i] = hsum(acc[i][t]);
+  }
+}
+
+// Rows [r_begin, r_end), kRows at a time.
+template <class Layout, int kPlanes, int NT, int kRows, size_t kAhead>
+void tiles(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const TokenPlanes* tok, float* y,
+           int64_t y_stride) {
+  const size_t stride = row_bytes(w.type, size_t(w.cols));
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t n_blocks = w.cols / kQK_K;
+  int64_t r = r_begin;
+  for (; r + kRows <= r_end; r += kRows) {
+    tile<Layout, kPlanes, NT, kRows, kAhead>(base + size_t(r) * stride, stride, n_blocks, tok, y + r, y_stride);
+  }
+  for (; r < r_end; ++r) {
+    tile<Layout, kPlanes, NT, 1, kAhead>(base + size_t(r) * stride, stride, n_blocks, tok, y + r, y_stride);
   }
 }
 
 template <class Layout, int kPlanes, int NT>
 void rows_of(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const TokenPlanes* tok, float* y,
              int64_t y_stride) {
-  const size_t stride = row_bytes(w.type, size_t(w.cols));
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  const int64_t n_blocks = w.cols / kQK_K;
-  int64_t r = r_begin;
-  // Rows per tile and prefetch distance, as measured (bench/matmul_bench, 1.5B MLP rows from memory,
-  // 2 vCPUs of a Zen 4): one row and 4 KiB fastest but for exact Q6_K, the heaviest to unpack,
-  // whose two rows and 8 KiB took 500 against 560 us.
-  constexpr bool kWide = std::is_same_v<Layout, Q6kLayout> && kPlanes == 3;
-  constexpr int kRows = kWide && NT <= 4 ? 2 : 1;  // (more tokens: the accumulators fill the registers)
-  constexpr size_t kAhead = kWide ? 2 * kPrefetchAhead : kPrefetchAhead;
-  for (; r + kRows <= r_end; r += kRows) {
-    const uint8_t* rows[kRows];
-    for (int i = 0; i < kRows; ++i) rows[i] = base + size_t(r + i) * stride;
-    tile<Layout, kPlanes, NT, kRows, kAhead>(rows, n_blocks, tok, y + r, y_stride);
-  }
-  for (; r < r_end; ++r) {
-    const uint8_t* rows[1] = {base + size_t(r) * stride};
-    tile<Layout, kPlanes, NT, 1, kAhead>(rows, n_blocks, tok, y + r, y_stride);
+  // Rows per tile and prefetch distance, as measured (bench/matmul_bench, 1.5B rows from memory, 2 vCPUs
+  // of a Zen 4): one row and 4 KiB fastest but for exact Q6_K, the heaviest to unpack, on long rows:
+  // the MLP down rows (35 blocks) took 480-515 us two at a time with 8 KiB, 550-570 one at a time;
+  // the output projection's (6 blocks) 10.4 ms two at a time, 5.5 ms one at a time.
+  constexpr bool kWide = std::is_same_v<Layout, Q6kLayout> && kPlanes == 3 && NT <= 4;  // (more tokens: the
+  constexpr int64_t kWideMinBlocks = 16;  // accumulators of two rows fill the registers)
+  if (kWide && w.cols / kQK_K >= kWideMinBlocks) {
+    tiles<Layout, kPlanes, NT, 2, 2 * kPrefetchAhead>(w, r_begin, r_end, tok, y, y_stride);
+  } else {
+    tiles<Layout, kPlanes, NT, 1, kPrefetchAhead>(w, r_begin, r_end, tok, y, y_stride);
   }
 }
 
@@ -295,8 +303,7 @@ void run(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, 
     tok[t] = TokenPlanes(scratch + size_t(t) * TokenPlanes::bytes(w.cols, kPlanes), w.cols, kPlanes);
     split_token<Layout, kPlanes>(x + t * w.cols, w.cols, tok[t]);
   }
-  constexpr int kMaxTokens = kPlanes == 1 ? kKQuantPlanesMaxTokens : kKQuantPlanesExactMaxTokens;
-  with_compile_time_count<kMaxTokens>(
+  with_compile_time_count<kKQuantPlanesMaxTokens>(
       n_tok, [&](auto n) { rows_of<Layout, kPlanes, decltype(n)::value>(w, r_begin, r_end, tok, y, y_stride); });
 }
 

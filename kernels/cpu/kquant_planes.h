@@ -36,18 +36,17 @@ inline constexpr bool kHaveKQuantPlanes = false;  // kquant_rows.cc runs instead
 // those of llama.cpp's Q8_K (its scale can differ by an ulp).
 enum class KQuantPlanes : int { kInt8 = 1, kExact = 3 };
 
-// The most tokens a call takes; more go to the f32 kernels. Each token
-// costs the exact mode three integer dots and a scale per 64 weights, where
-// the f32 kernels' one FMA per 16 is shared work past a few tokens: at 8
-// tokens the f32 kernels were faster, at 4 level (Q4_K) or slower (Q6_K)
-// (bench/matmul_bench, 1.5B MLP rows from memory, 2 vCPUs of a Zen 4).
+// The most tokens a call takes; more go to the f32 kernels (kquant_rows.cc
+// and the packed panels), whose FMAs are shared work past a few tokens where
+// each token costs the exact mode three integer dots and a scale per 64
+// weights. At 8 tokens the planes were still faster: 1.5B MLP gate/up rows
+// from memory 1.9 against 2.6 ms, the output projection 34 against 42 ms
+// (bench/matmul_bench, 2 vCPUs of a Zen 4).
 inline constexpr int kKQuantPlanesMaxTokens = 8;
-inline constexpr int kKQuantPlanesExactMaxTokens = 4;
 
 // Whether kquant_planes_rows takes n_tok tokens of a `type` matrix.
-inline bool kquant_planes_take(DType type, int n_tok, KQuantPlanes planes) {
-  const int max_tokens = planes == KQuantPlanes::kExact ? kKQuantPlanesExactMaxTokens : kKQuantPlanesMaxTokens;
-  return kHaveKQuantPlanes && (type == DType::kQ4_K || type == DType::kQ6_K) && n_tok <= max_tokens;
+inline bool kquant_planes_take(DType type, int n_tok) {
+  return kHaveKQuantPlanes && (type == DType::kQ4_K || type == DType::kQ6_K) && n_tok <= kKQuantPlanesMaxTokens;
 }
 
 // Scratch bytes kquant_planes_rows needs for n_tok tokens of `cols` inputs.
@@ -55,7 +54,7 @@ size_t kquant_planes_scratch_bytes(int64_t cols, int n_tok, KQuantPlanes planes)
 
 // y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and
 // t < n_tok; x is [n_tok][w.cols]; scratch: kquant_planes_scratch_bytes,
-// 64-byte aligned. Only where kquant_planes_take(w.type, n_tok, planes).
+// 64-byte aligned. Only where kquant_planes_take(w.type, n_tok).
 void kquant_planes_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                         int64_t y_stride, void* scratch, KQuantPlanes planes);
 

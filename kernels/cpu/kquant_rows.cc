@@ -10,6 +10,7 @@
 #include "common/fp16.h"
 #include "kernels/cpu/compile_time_count.h"
 #include "kernels/cpu/hsum_avx.h"
+#include "kernels/cpu/kquant_avx.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
@@ -18,14 +19,6 @@ namespace lazykv::cpu {
 namespace {
 
 constexpr int kQ4kSubBlock = 32;  // Q4_K: 8 sub-blocks of 32 per super-block, each with a scale and a min
-
-// 8 unsigned bytes widened to 8 floats.
-inline __m256 u8x8_to_float(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m256 s8x8_to_float(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
 
 // float(q & 15) for 8 int32 lanes. With AVX-512VL a two-table permute does
 // it on the shuffle port, leaving the FMA ports to the multiply-adds.
@@ -245,12 +238,6 @@ template <int kRows>
 void q4k_tile_avx512(const uint8_t* const* rows, int64_t n_blocks, const float* x_lanes, const float* xsum,
                      float* out) {
   const __m512 nibble_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  // Sub-block scales of the lanes: [half][even, odd nibbles].
-  const __m512i scale_lanes[2][2] = {
-      {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-       _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3)},
-      {_mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
-       _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)}};
   __m512 acc[kRows][2];
   __m256 acc_min[kRows];
   for (int i = 0; i < kRows; ++i) {
@@ -279,8 +266,8 @@ void q4k_tile_avx512(const uint8_t* const* rows, int64_t n_blocks, const float* 
           odd = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4 * k + 4), nibble_values),
                                 _mm512_loadu_ps(xh + 16 * k + 16), odd);
         }
-        acc[i][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(scale_lanes[h][0], scales), even, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(scale_lanes[h][1], scales), odd, acc[i][1]);
+        acc[i][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(kQ4kScaleLanes[2 * h], scales), even, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(kQ4kScaleLanes[2 * h + 1], scales), odd, acc[i][1]);
       }
     }
   }

@@ -49,7 +49,7 @@ void check_shape(const WeightMatrix& w) {
 // 8-bit rounding of llama.cpp's Q8_K, faster than the integer tiles here.
 static_assert(kKQuantPlanesMaxTokens <= kInt8KQuantMaxTokens, "int8 planes run only where int8 would");
 static bool int8_runs_planes(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
-  return precision == ActivationPrecision::kInt8 && kquant_planes_take(w.type, int(batch), KQuantPlanes::kInt8);
+  return precision == ActivationPrecision::kInt8 && kquant_planes_take(w.type, int(batch));
 }
 
 // With int8 activations too for K-quant weights past kInt8KQuantMaxTokens:

@@ -319,7 +319,7 @@ void f32_row(const float* row, int64_t cols, const float* x, int64_t x_stride, f
 // weight row is read from memory once and stays in L1 across the chunks.
 void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                      float* row_buf) {
-  if (kquant_planes_take(w.type, n_tok, KQuantPlanes::kExact)) {  // kquant_planes.h: Q4_K and Q6_K on AVX-512 VNNI
+  if (kquant_planes_take(w.type, n_tok)) {  // kquant_planes.h: Q4_K and Q6_K on AVX-512 VNNI
     kquant_planes_rows(w, r_begin, r_end, x, n_tok, y, w.rows, row_buf, KQuantPlanes::kExact);
     return;
   }
@@ -411,7 +411,7 @@ void pack_panel(const WeightMatrix& w, int64_t r0, int n_rows, float* panel, flo
 size_t thread_floats(int64_t cols) {
   // panel [cols][kPanelRows] + one row, rounded to 64 bytes; the few-token kernels use the same room
   // for their row buffer, the K-quant rows' 2 * cols floats or the K-quant planes (under 5 * cols
-  // bytes a token, 4 tokens at most)
+  // bytes a token, kKQuantPlanesMaxTokens = 8 at most)
   return (size_t(cols) * (kPanelRows + 1) + 15) / 16 * 16;
 }
 

@@ -22,9 +22,12 @@
 namespace lazykv::cpu {
 namespace {
 
-constexpr int64_t kRows = 7, kCols = 768;  // odd rows: two-row tiles and a single-row tail
+// Odd rows: two-row tiles and a single-row tail. Short rows run one at a time, long ones (16
+// blocks and more) two at a time for exact Q6_K.
+constexpr int64_t kRows = 7, kCols = 768, kLongCols = 4096;
 
 struct Planes {
+  int64_t cols;
   std::vector<uint8_t> w_q;
   std::vector<float> w_deq;
   std::unique_ptr<uint8_t[]> scratch_owner;
@@ -33,21 +36,21 @@ struct Planes {
   size_t scratch_bytes;
 
   // zero_chunk: the weights of columns [zero_chunk, zero_chunk + 32) of every row are zero.
-  explicit Planes(DType type, int n_tok, int64_t zero_chunk = -1) {
-    auto w_f = testing::random_floats(size_t(kRows * kCols), 3, 0.3f);
+  explicit Planes(DType type, int n_tok, int64_t zero_chunk = -1, int64_t n_cols = kCols) : cols(n_cols) {
+    auto w_f = testing::random_floats(size_t(kRows * cols), 3, 0.3f);
     for (int64_t r = 0; zero_chunk >= 0 && r < kRows; ++r) {
-      std::fill_n(w_f.begin() + r * kCols + zero_chunk, 32, 0.0f);
+      std::fill_n(w_f.begin() + r * cols + zero_chunk, 32, 0.0f);
     }
     w_q = testing::quantize(type, w_f);
     w_deq = testing::dequantize(type, w_q, w_f.size());
-    scratch_bytes = kquant_planes_scratch_bytes(kCols, n_tok, KQuantPlanes::kExact);
+    scratch_bytes = kquant_planes_scratch_bytes(cols, n_tok, KQuantPlanes::kExact);
     scratch_owner.reset(new uint8_t[scratch_bytes + 128]);
     scratch = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch_owner.get()) + 63) / 64 * 64);
     std::memset(scratch + scratch_bytes, 0xA5, 64);  // guard bytes after the end
   }
 
   std::vector<float> run(DType type, const std::vector<float>& x, int n_tok, KQuantPlanes planes) {
-    const WeightMatrix w{type, kRows, kCols, w_q.data()};
+    const WeightMatrix w{type, kRows, cols, w_q.data()};
     std::vector<float> y(size_t(n_tok * kRows), std::nanf(""));
     kquant_planes_rows(w, 0, kRows, x.data(), n_tok, y.data(), kRows, scratch, planes);
     for (size_t i = 0; i < 64; ++i) EXPECT_EQ(scratch[scratch_bytes + i], 0xA5) << "scratch overrun";
@@ -55,23 +58,23 @@ struct Planes {
   }
 };
 
-void check_exact(DType type, int n_tok, bool outlier) {
+void check_exact(DType type, int n_tok, bool outlier, int64_t cols) {
   SCOPED_TRACE(std::string(dtype_traits(type).name) + " tokens=" + std::to_string(n_tok) +
-               (outlier ? " with an outlier" : ""));
+               " cols=" + std::to_string(cols) + (outlier ? " with an outlier" : ""));
   // The outlier's chunk of 32 (columns 288-319) meets zero weights: what is left is the
   // other chunks' error, which one s for a super-block would make far larger.
-  Planes p(type, n_tok, outlier ? 288 : -1);
-  auto x = testing::random_floats(size_t(n_tok * kCols), 5 + uint32_t(n_tok));
+  Planes p(type, n_tok, outlier ? 288 : -1, cols);
+  auto x = testing::random_floats(size_t(n_tok * cols), 5 + uint32_t(n_tok));
   if (outlier) {
-    for (int t = 0; t < n_tok; ++t) x[size_t(t * kCols + 300 + t)] = 1000.0f;
+    for (int t = 0; t < n_tok; ++t) x[size_t(t * cols + 300 + t)] = 1000.0f;
   }
   const auto y = p.run(type, x, n_tok, KQuantPlanes::kExact);
   for (int t = 0; t < n_tok; ++t) {
-    const float* xt = x.data() + t * kCols;
+    const float* xt = x.data() + t * cols;
     for (int64_t r = 0; r < kRows; ++r) {
-      const float* w = p.w_deq.data() + r * kCols;
+      const float* w = p.w_deq.data() + r * cols;
       double dot = 0.0, magnitude = 0.0, split_error = 0.0;
-      for (int64_t k = 0; k < kCols; ++k) {
+      for (int64_t k = 0; k < cols; ++k) {
         dot += double(w[k]) * xt[k];
         magnitude += std::fabs(double(w[k]) * xt[k]);
         // The planes' bound, 2·2^-15·s per activation (s: its chunk's max / 127), on a
@@ -94,9 +97,11 @@ void check_exact(DType type, int n_tok, bool outlier) {
 TEST(KQuantPlanes, ExactModeMatchesTheReference) {
   if (!kHaveKQuantPlanes) GTEST_SKIP() << "this build has no K-quant plane kernels (no AVX-512 VNNI)";
   for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
-    for (int n_tok = 1; kquant_planes_take(type, n_tok, KQuantPlanes::kExact); ++n_tok) {
-      check_exact(type, n_tok, false);
-      check_exact(type, n_tok, true);
+    for (int n_tok = 1; kquant_planes_take(type, n_tok); ++n_tok) {
+      for (int64_t cols : {kCols, kLongCols}) {
+        check_exact(type, n_tok, false, cols);
+        check_exact(type, n_tok, true, cols);
+      }
     }
   }
 }
