@@ -6,7 +6,8 @@
 // - Few tokens (decode): each weight row is streamed once and dequantized in
 //   registers block by block, then multiplied with every token's activations
 //   (fused for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K; Q4_K and Q6_K for the fewest
-//   tokens by kquant_rows.cc instead; F16 and BF16 rows are dequantized into
+//   tokens by kquant_planes.cc on AVX-512 VNNI, else by kquant_rows.cc,
+//   instead; F16 and BF16 rows are dequantized into
 //   the thread's buffer first). Memory-bound, like the weights' bytes.
 // - Many tokens (prefill): a panel of kPanelRows rows is dequantized and
 //   transposed into the thread's buffer ([cols][kPanelRows] f32), then an
