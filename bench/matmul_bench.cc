@@ -113,9 +113,9 @@ void OtherTypes(benchmark::internal::Benchmark* b) {
 }
 
 // Qwen2.5-1.5B (the optional model, Q4_K_M): hidden 1536, MLP 8960,
-// vocabulary 151936. Each MLP
-// shape also from memory: 64 copies (about 0.5 GB of Q4_K, 0.7 GB of Q6_K)
-// exceed the CI machine's last-level cache, as a model's layers do.
+// vocabulary 151936. Each MLP shape also from memory: 64 copies (about
+// 0.5 GB of Q4_K, 0.7 GB of Q6_K) exceed the CI machine's last-level cache,
+// as a model's layers do.
 void LargerModelShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "batch", "threads", "int8", "copies"});
   for (int64_t copies : {1, 64}) {

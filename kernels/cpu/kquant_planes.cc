@@ -107,7 +107,7 @@ template <class Layout, int kPlanes>
 void split_token(const float* x, int64_t cols, TokenPlanes tok) {
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const float* xb = x + b * kQK_K;
-    if constexpr (Layout::kSumElems == 32) {  // Q4_K's 8 sub-blocks leave lanes no weight vector reads
+    if constexpr (Layout::kSumElems == 32) {  // Q4_K's 8 sub-blocks: lanes 8-15 are multiplied, never read
       std::fill_n(tok.sub_scale + b * TokenPlanes::kScalesPerBlock + kBlockChunks, kBlockChunks, 0.0f);
     }
     float block_max = 0.0f;
@@ -242,7 +242,7 @@ void tile(const uint8_t* first_row, size_t row_stride, int64_t n_blocks, const T
       UnpackedBlock u;
       unpack(*blk, u);
       __m512 lane_scale[4];
-      if constexpr (kPlanes == 1) lane_scales<typename Layout::Block>(u.sub_scale, lane_scale);
+      if constexpr (kPlanes == 1) lane_scales<Block>(u.sub_scale, lane_scale);
       for (int t = 0; t < NT; ++t) {
         const int8_t* planes = tok[t].planes + b * kPlanes * kQK_K;
         const float* sub_scale = tok[t].sub_scale + b * kScales;
@@ -250,7 +250,7 @@ void tile(const uint8_t* first_row, size_t row_stride, int64_t n_blocks, const T
         if constexpr (kPlanes == 1) {  // one s for the super-block: applied once
           part = _mm512_mul_ps(scaled_dots<kPlanes>(u, planes, lane_scale), _mm512_set1_ps(sub_scale[0]));
         } else {  // an s per chunk: folded into the sub-block scales before they are spread over lanes
-          lane_scales<typename Layout::Block>(_mm512_mul_ps(u.sub_scale, _mm512_load_ps(sub_scale)), lane_scale);
+          lane_scales<Block>(_mm512_mul_ps(u.sub_scale, _mm512_load_ps(sub_scale)), lane_scale);
           part = scaled_dots<kPlanes>(u, planes, lane_scale);
         }
         part = _mm512_fnmadd_ps(u.correction, load_sums(tok[t].sums + b * kSums, kSums), part);
@@ -284,15 +284,17 @@ void rows_of(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const TokenP
              int64_t y_stride) {
   // Rows per tile and prefetch distance, as measured (bench/matmul_bench, 1.5B rows from memory, 2 vCPUs
   // of a Zen 4): one row and 4 KiB fastest but for exact Q6_K, the heaviest to unpack, on long rows:
-  // the MLP down rows (35 blocks) took 480-515 us two at a time with 8 KiB, 550-570 one at a time;
+  // the MLP down rows (35 blocks) took 466-515 us two at a time with 8 KiB, 553-570 one at a time;
   // the output projection's (6 blocks) 10.4 ms two at a time, 5.5 ms one at a time.
   constexpr bool kWide = std::is_same_v<Layout, Q6kLayout> && kPlanes == 3 && NT <= 4;  // (more tokens: the
   constexpr int64_t kWideMinBlocks = 16;  // accumulators of two rows fill the registers)
-  if (kWide && w.cols / kQK_K >= kWideMinBlocks) {
-    tiles<Layout, kPlanes, NT, 2, 2 * kPrefetchAhead>(w, r_begin, r_end, tok, y, y_stride);
-  } else {
-    tiles<Layout, kPlanes, NT, 1, kPrefetchAhead>(w, r_begin, r_end, tok, y, y_stride);
+  if constexpr (kWide) {
+    if (w.cols / kQK_K >= kWideMinBlocks) {
+      tiles<Layout, kPlanes, NT, 2, 2 * kPrefetchAhead>(w, r_begin, r_end, tok, y, y_stride);
+      return;
+    }
   }
+  tiles<Layout, kPlanes, NT, 1, kPrefetchAhead>(w, r_begin, r_end, tok, y, y_stride);
 }
 
 template <class Layout, int kPlanes>

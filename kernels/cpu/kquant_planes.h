@@ -11,7 +11,7 @@
 // the chunk's largest value, which the f32 kernels' own sums also carry.
 // For one (weight vector, activation vector) the three planes' integer dots
 // are combined exactly in int32 (a1·2^14 + a2·2^7 + a3) and scaled once, in
-// f32, by the sub-block scale and the block's s. Q4_K's mins and Q6_K's
+// f32, by the sub-block scale times its chunk's s. Q4_K's mins and Q6_K's
 // offset of 32 are taken off through exact f32 sums of the activations, as
 // kquant_rows.cc does. With one plane (--activations int8) the same kernels
 // run llama.cpp's kind of arithmetic. Rows stream from memory once per call

@@ -36,23 +36,27 @@ struct Planes {
   size_t scratch_bytes;
 
   // zero_chunk: the weights of columns [zero_chunk, zero_chunk + 32) of every row are zero.
-  explicit Planes(DType type, int n_tok, int64_t zero_chunk = -1, int64_t n_cols = kCols) : cols(n_cols) {
+  explicit Planes(DType type, int n_tok, int64_t zero_chunk = -1, int64_t n_cols = kCols,
+                  KQuantPlanes planes = KQuantPlanes::kExact)
+      : cols(n_cols) {
     auto w_f = testing::random_floats(size_t(kRows * cols), 3, 0.3f);
     for (int64_t r = 0; zero_chunk >= 0 && r < kRows; ++r) {
       std::fill_n(w_f.begin() + r * cols + zero_chunk, 32, 0.0f);
     }
     w_q = testing::quantize(type, w_f);
     w_deq = testing::dequantize(type, w_q, w_f.size());
-    scratch_bytes = kquant_planes_scratch_bytes(cols, n_tok, KQuantPlanes::kExact);
+    scratch_bytes = kquant_planes_scratch_bytes(cols, n_tok, planes);
     scratch_owner.reset(new uint8_t[scratch_bytes + 128]);
     scratch = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch_owner.get()) + 63) / 64 * 64);
     std::memset(scratch + scratch_bytes, 0xA5, 64);  // guard bytes after the end
   }
 
-  std::vector<float> run(DType type, const std::vector<float>& x, int n_tok, KQuantPlanes planes) {
+  // Rows [r_begin, r_end) into y[t * y_stride + r]; the rest of y stays NaN.
+  std::vector<float> run(DType type, const std::vector<float>& x, int n_tok, KQuantPlanes planes,
+                         int64_t r_begin = 0, int64_t r_end = kRows, int64_t y_stride = kRows) {
     const WeightMatrix w{type, kRows, cols, w_q.data()};
-    std::vector<float> y(size_t(n_tok * kRows), std::nanf(""));
-    kquant_planes_rows(w, 0, kRows, x.data(), n_tok, y.data(), kRows, scratch, planes);
+    std::vector<float> y(size_t(n_tok * y_stride), std::nanf(""));
+    kquant_planes_rows(w, r_begin, r_end, x.data(), n_tok, y.data(), y_stride, scratch, planes);
     for (size_t i = 0; i < 64; ++i) EXPECT_EQ(scratch[scratch_bytes + i], 0xA5) << "scratch overrun";
     return y;
   }
@@ -113,13 +117,40 @@ TEST(KQuantPlanes, NonFiniteActivationsGiveNonFiniteOutputs) {
       for (float bad : {std::nanf(""), INFINITY}) {
         SCOPED_TRACE(std::string(dtype_traits(type).name) + (planes == KQuantPlanes::kExact ? " exact " : " int8 ") +
                      std::to_string(bad));
-        Planes p(type, 2);
+        Planes p(type, 2, -1, kCols, planes);
         auto x = testing::random_floats(size_t(2 * kCols), 9);
         x[size_t(kCols + 517)] = bad;  // token 1 only
         const auto y = p.run(type, x, 2, planes);
         for (int64_t r = 0; r < kRows; ++r) {
           EXPECT_TRUE(std::isfinite(y[size_t(r)])) << "token 0, row " << r;
           EXPECT_FALSE(std::isfinite(y[size_t(kRows + r)])) << "token 1, row " << r;
+        }
+      }
+    }
+  }
+}
+
+// A row range that starts at an odd row, into a wider output: the same
+// values as the whole matrix gives, and nothing written outside the range.
+TEST(KQuantPlanes, ARowRangeWritesItsRowsOnly) {
+  if (!kHaveKQuantPlanes) GTEST_SKIP() << "this build has no K-quant plane kernels (no AVX-512 VNNI)";
+  constexpr int kTokens = 3;
+  constexpr int64_t kBegin = 1, kEnd = 6, kStride = kRows + 3;
+  for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
+    for (int64_t cols : {kCols, kLongCols}) {
+      SCOPED_TRACE(std::string(dtype_traits(type).name) + " cols=" + std::to_string(cols));
+      Planes p(type, kTokens, -1, cols);
+      const auto x = testing::random_floats(size_t(kTokens * cols), 11);
+      const auto whole = p.run(type, x, kTokens, KQuantPlanes::kExact);
+      const auto part = p.run(type, x, kTokens, KQuantPlanes::kExact, kBegin, kEnd, kStride);
+      for (int t = 0; t < kTokens; ++t) {
+        for (int64_t r = 0; r < kStride; ++r) {
+          const float got = part[size_t(t * kStride + r)];
+          if (r >= kBegin && r < kEnd) {
+            EXPECT_EQ(got, whole[size_t(t * kRows + r)]) << "token " << t << " row " << r;
+          } else {
+            EXPECT_TRUE(std::isnan(got)) << "token " << t << " row " << r << " written";
+          }
         }
       }
     }

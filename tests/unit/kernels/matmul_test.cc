@@ -92,7 +92,7 @@ TEST_P(MatmulTest, MatchesNaiveReference) {
   const int64_t cols = testing::is_k_quant(type) ? 512 : 96;
   uint32_t seed = 1;
   for (ActivationPrecision precision : kPrecisions) {
-    for (int64_t batch : {1, 2, 3, 4, 5, 8, 9, 64}) {  // 4: Q4_K's prescaled tile (kquant_rows.cc)
+    for (int64_t batch : {1, 2, 3, 4, 5, 8, 9, 64}) {  // up to 8: the K-quant planes (AVX-512 VNNI) or rows
       for (int64_t rows : {1, 5, 37}) check_matmul(type, rows, cols, batch, threads, seed++, precision);
     }
   }
