@@ -87,15 +87,18 @@ float split_chunk(const float* x, float at_least, int8_t* planes, float* first_s
 // Lane i of weight vector v multiplies bytes 4i..4i+3 of that vector of the
 // super-block; the planes hold, at vector v, the 64 activations those bytes
 // meet: chunk kChunkOrder[c] of the super-block at chunk position c.
+// kSumElems is also the sub-block: one scale (and Q4_K min) per kSumElems weights.
 struct Q4kLayout {
   using Block = BlockQ4_K;
   static constexpr int kChunkOrder[kBlockChunks] = {0, 2, 1, 3, 4, 6, 5, 7};  // a half's low nibbles, then high
   static constexpr int kSumElems = 32;
+  static constexpr const ScaleLanes& kLanes = kQ4kScaleLanes;
 };
 struct Q6kLayout {
   using Block = BlockQ6_K;
   static constexpr int kChunkOrder[kBlockChunks] = {0, 1, 2, 3, 4, 5, 6, 7};
   static constexpr int kSumElems = 16;
+  static constexpr const ScaleLanes& kLanes = kQ6kScaleLanes;
 };
 
 // One plane (int8) takes one s per super-block and sums the rounded
@@ -107,9 +110,9 @@ template <class Layout, int kPlanes>
 void split_token(const float* x, int64_t cols, TokenPlanes tok) {
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
     const float* xb = x + b * kQK_K;
-    if constexpr (Layout::kSumElems == 32) {  // Q4_K's 8 sub-blocks: lanes 8-15 are multiplied, never read
-      std::fill_n(tok.sub_scale + b * TokenPlanes::kScalesPerBlock + kBlockChunks, kBlockChunks, 0.0f);
-    }
+    constexpr int kSubBlocks = kQK_K / Layout::kSumElems;  // Q4_K's 8 leave lanes 8-15 multiplied, never read
+    std::fill_n(tok.sub_scale + b * TokenPlanes::kScalesPerBlock + kSubBlocks, TokenPlanes::kScalesPerBlock - kSubBlocks,
+                0.0f);
     float block_max = 0.0f;
     if constexpr (kPlanes == 1) {
       __m512 amax = _mm512_setzero_ps();
@@ -121,13 +124,9 @@ void split_token(const float* x, int64_t cols, TokenPlanes tok) {
       float rounded[2];
       const float s = split_chunk<kPlanes>(xb + chunk * kChunk, block_max,
                                            tok.planes + b * kPlanes * kQK_K + c * kChunk, rounded);
-      float* sub_scale = tok.sub_scale + b * TokenPlanes::kScalesPerBlock;
-      const float unit_s = s * plane_unit(kPlanes);
-      if constexpr (Layout::kSumElems == 32) {
-        sub_scale[chunk] = unit_s;
-      } else {
-        sub_scale[2 * chunk] = sub_scale[2 * chunk + 1] = unit_s;
-      }
+      constexpr int kPerChunk = kChunk / Layout::kSumElems;  // sub-blocks in a chunk: 1 (Q4_K) or 2 (Q6_K)
+      std::fill_n(tok.sub_scale + b * TokenPlanes::kScalesPerBlock + chunk * kPerChunk, kPerChunk,
+                  s * plane_unit(kPlanes));
       if constexpr (kPlanes == 1) {
         float* sums = tok.sums + (b * kQK_K + chunk * kChunk) / Layout::kSumElems;
         if constexpr (Layout::kSumElems == 32) {
@@ -170,10 +169,9 @@ struct UnpackedBlock {
 };
 
 // The scale of each lane of the four weight vectors, from per-sub-block scales.
-template <class Block>
+template <class Layout>
 inline void lane_scales(__m512 sub_scale, __m512 (&lane)[4]) {
-  const ScaleLanes& lanes = std::is_same_v<Block, BlockQ4_K> ? kQ4kScaleLanes : kQ6kScaleLanes;
-  for (int v = 0; v < 4; ++v) lane[v] = _mm512_permutexvar_ps(lanes[v], sub_scale);
+  for (int v = 0; v < 4; ++v) lane[v] = _mm512_permutexvar_ps(Layout::kLanes[v], sub_scale);
 }
 
 inline void unpack(const BlockQ4_K& blk, UnpackedBlock& u) {
@@ -242,7 +240,7 @@ void tile(const uint8_t* first_row, size_t row_stride, int64_t n_blocks, const T
       UnpackedBlock u;
       unpack(*blk, u);
       __m512 lane_scale[4];
-      if constexpr (kPlanes == 1) lane_scales<Block>(u.sub_scale, lane_scale);
+      if constexpr (kPlanes == 1) lane_scales<Layout>(u.sub_scale, lane_scale);
       for (int t = 0; t < NT; ++t) {
         const int8_t* planes = tok[t].planes + b * kPlanes * kQK_K;
         const float* sub_scale = tok[t].sub_scale + b * kScales;
@@ -250,7 +248,7 @@ void tile(const uint8_t* first_row, size_t row_stride, int64_t n_blocks, const T
         if constexpr (kPlanes == 1) {  // one s for the super-block: applied once
           part = _mm512_mul_ps(scaled_dots<kPlanes>(u, planes, lane_scale), _mm512_set1_ps(sub_scale[0]));
         } else {  // an s per chunk: folded into the sub-block scales before they are spread over lanes
-          lane_scales<Block>(_mm512_mul_ps(u.sub_scale, _mm512_load_ps(sub_scale)), lane_scale);
+          lane_scales<Layout>(_mm512_mul_ps(u.sub_scale, _mm512_load_ps(sub_scale)), lane_scale);
           part = scaled_dots<kPlanes>(u, planes, lane_scale);
         }
         part = _mm512_fnmadd_ps(u.correction, load_sums(tok[t].sums + b * kSums, kSums), part);
