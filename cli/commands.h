@@ -22,6 +22,7 @@ int run_serve(const std::vector<std::string>& args);
 int run_bench_serve(const std::vector<std::string>& args);
 int run_worker(const std::vector<std::string>& args);
 int run_coordinator(const std::vector<std::string>& args);
+int run_router(const std::vector<std::string>& args);
 int run_kvstore(const std::vector<std::string>& args);
 int run_synth_model(const std::vector<std::string>& args);
 

@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "commands:\n"
     "  serve      the OpenAI-compatible HTTP server (coordinator and a CPU worker in one process)\n"
     "  coordinator  the HTTP API and scheduler over a remote worker (lazykv worker)\n"
+    "  router     one API address in front of several replicas (serve or coordinator): prefix affinity, health\n"
     "  worker     serve a model to a coordinator over gRPC (the step protocol)\n"
     "  kvstore    the host and NVMe tiers for demoted KV blocks (gRPC control, UCX data)\n"
     "  generate   stream a completion from a model\n"
@@ -36,6 +37,7 @@ static int run_command(const std::string& command, const std::vector<std::string
   try {
     if (command == "serve") return lazykv::run_serve(args);
     if (command == "coordinator") return lazykv::run_coordinator(args);
+    if (command == "router") return lazykv::run_router(args);
     if (command == "worker") return lazykv::run_worker(args);
     if (command == "kvstore") return lazykv::run_kvstore(args);
     if (command == "generate") return lazykv::run_generate(args);

@@ -3,7 +3,7 @@
 //   - counters end in _total;
 //   - a unit, when there is one, is the suffix before _total, in base units
 //     (_seconds, _bytes, _tokens); no abbreviations;
-//   - labels are low-cardinality: tier, worker, endpoint, type, code; never
+//   - labels are low-cardinality: tier, worker, replica, endpoint, type, code; never
 //     a request id or a prompt.
 // Tiers: "device" (tier 0, the budgeted KV cache), "host", "nvme".
 // docs/metrics.md describes each one; tests/unit/metrics checks the rules and
@@ -43,6 +43,8 @@ inline constexpr std::string_view kPhaseLabel[] = {"phase"};
 inline constexpr std::string_view kRequestLabels[] = {"endpoint", "code"};
 inline constexpr std::string_view kBuildLabels[] = {"version", "model"};
 inline constexpr std::string_view kTransportLabel[] = {"transport"};
+inline constexpr std::string_view kReplicaLabel[] = {"replica"};
+inline constexpr std::string_view kRouterRequestLabels[] = {"replica", "code"};
 
 constexpr std::span<const std::string_view> no_labels() { return std::span<const std::string_view>(kNoLabels, 0); }
 constexpr std::span<const double> no_buckets() { return {}; }
@@ -156,8 +158,38 @@ inline constexpr MetricDef kBuildInfo{
     "lazykv_build_info", MetricType::kGauge, "Always 1; the labels name the version and the served model.",
     kBuildLabels, no_buckets()};
 
+// --- router (lazykv router) -------------------------------------------------------
+// replica: the replica's address as given to --replica ("none" where the
+// router answered itself).
+inline constexpr MetricDef kRouterRequests{
+    "lazykv_router_requests_total", MetricType::kCounter,
+    "Requests the router answered, by the replica that served them and HTTP status code.", kRouterRequestLabels,
+    no_buckets()};
+inline constexpr MetricDef kRouterRoutes{
+    "lazykv_router_routes_total", MetricType::kCounter,
+    "Requests bound to a replica, by why: affinity (it served the prompt's prefix recently) or least_loaded.",
+    kTypeLabel, no_buckets()};
+inline constexpr MetricDef kRouterRetries{
+    "lazykv_router_retries_total", MetricType::kCounter,
+    "Requests moved to another replica because this one could not be reached before it took them.", kReplicaLabel,
+    no_buckets()};
+inline constexpr MetricDef kRouterReplicaUp{
+    "lazykv_router_replica_up", MetricType::kGauge,
+    "1 while a replica answers its readiness probe, 0 once a probe or a connection fails.", kReplicaLabel,
+    no_buckets()};
+inline constexpr MetricDef kRouterInFlight{
+    "lazykv_router_in_flight_requests", MetricType::kGauge, "Requests the router has sent to a replica and not finished.",
+    kReplicaLabel, no_buckets()};
+inline constexpr MetricDef kRouterOutstandingTokens{
+    "lazykv_router_outstanding_tokens", MetricType::kGauge,
+    "Estimated prompt plus generated tokens of a replica's requests in flight (the load the router balances).",
+    kReplicaLabel, no_buckets()};
+inline constexpr MetricDef kRouterWaiting{
+    "lazykv_router_waiting_requests", MetricType::kGauge, "Requests waiting in the router for a replica's free slot.",
+    no_labels(), no_buckets()};
+
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 33> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 40> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
     &kRequests,         &kPromptTokens,      &kGenerationTokens, &kReasoningTokens, &kPreemptions,    &kErrors,
     &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,
@@ -165,6 +197,8 @@ inline constexpr std::array<const MetricDef*, 33> kAllMetrics = {
     &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kKvstoreBlocks,
     &kKvstoreLeases,    &kKvstorePoolFragmentation, &kKvstoreRequests, &kKvstoreNvmeAdmissions, &kTransportInfo,
     &kStepDuration,
-    &kStepBatchSize,    &kStepTokens,        &kWorkerUp,         &kBuildInfo};
+    &kStepBatchSize,    &kStepTokens,        &kWorkerUp,         &kBuildInfo,
+    &kRouterRequests,   &kRouterRoutes,      &kRouterRetries,    &kRouterReplicaUp,  &kRouterInFlight,
+    &kRouterOutstandingTokens, &kRouterWaiting};
 
 }  // namespace lazykv::metrics

@@ -43,21 +43,34 @@ PromtoolResult promtool_check(const std::string& exposition) {
   if (!std::filesystem::exists(kPromtool))                                                               \
   GTEST_SKIP() << kPromtool << " not found: setup installs Debian's prometheus package (CI has it)"
 
-// A series for every metric, with realistic label values.
+// A series for every metric, with realistic label values: series i takes
+// value i (cycling) of each of its labels; the first label sets the count.
 void populate(Registry& registry) {
-  const std::map<std::string_view, std::vector<LabelValues>> values_for = {
-      {"tier", {{"device"}, {"host"}, {"nvme"}}},
-      {"src_tier", {{"device", "host"}, {"host", "nvme"}}},
-      {"worker", {{"0"}, {"1"}}},
-      {"type", {{"invalid_request"}, {"overloaded"}}},
-      {"endpoint", {{"/v1/chat/completions", "200"}, {"/v1/completions", "400"}}},
-      {"version", {{"0.1.0", "SmolLM2-135M-Instruct"}}},
-      {"transport", {{"tcp"}, {"shm"}}},
-      {"phase", {{"thinking"}, {"answer"}}},
+  const std::map<std::string_view, std::vector<std::string>> values_for = {
+      {"tier", {"device", "host", "nvme"}},
+      {"src_tier", {"device", "host"}},
+      {"dst_tier", {"host", "nvme"}},
+      {"worker", {"0", "1"}},
+      {"type", {"invalid_request", "overloaded"}},
+      {"endpoint", {"/v1/chat/completions", "/v1/completions"}},
+      {"code", {"200", "400"}},
+      {"version", {"0.1.0"}},
+      {"model", {"SmolLM2-135M-Instruct"}},
+      {"transport", {"tcp", "shm"}},
+      {"phase", {"thinking", "answer"}},
+      {"replica", {"10.0.0.7:8000", "10.0.0.8:8000"}},
   };
   for (const MetricDef* def : kAllMetrics) {
     std::vector<LabelValues> series = {{}};
-    if (!def->label_names.empty()) series = values_for.at(def->label_names.front());
+    if (!def->label_names.empty()) {
+      series.assign(values_for.at(def->label_names.front()).size(), {});
+      for (size_t i = 0; i < series.size(); ++i) {
+        for (std::string_view name : def->label_names) {
+          const std::vector<std::string>& values = values_for.at(name);
+          series[i].push_back(values[i % values.size()]);
+        }
+      }
+    }
     for (const LabelValues& labels : series) {
       switch (def->type) {
         case MetricType::kCounter: registry.counter(*def, labels).inc(3); break;
