@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The Helm chart's distributed deployment, run: the pods of `helm template`
-(a coordinator, two worker ranks, a kvstore) each started as a lazykv process
+"""The Helm chart's deployments, run: the pods of `helm template` (first a
+coordinator, two worker ranks and a kvstore; then two serve replicas behind
+a router) each started as a lazykv process
 in a network namespace of its own, with its own address on a shared bridge,
 and with exactly its container's args and environment as Kubernetes would
 give them: fieldRef status.podIP and the StatefulSet pod-index label,
@@ -14,7 +15,10 @@ Then, from outside every namespace, as a client of the API Service:
     bound to every interface, is reached under its Service's name;
   - rank 1 killed and started again with the same pod spec: the coordinator
     re-forms the group and serves again;
-  - SIGTERM drains the coordinator, which exits 0.
+  - SIGTERM drains the coordinator, which exits 0;
+  - through the router, requests reach both serve pods (by their StatefulSet
+    DNS names); one killed, the other answers and the router marks it down;
+    started again, the router takes it back; SIGTERM stops the router, exit 0.
 
 What this does not cover: the kubelet, probes, restarts, volumes, images.
 
@@ -59,6 +63,7 @@ VALUES = {
     "mode": "distributed", "worker.tensorParallel.world": 2, "kvstore.enabled": "true",
     "threads": 1, "kvCacheMiB": 64, "kvstore.hostCapacityMiB": 64,
 }
+REPLICA_VALUES = {"router.enabled": "true", "serve.replicas": 2, "threads": 1, "kvCacheMiB": 64}
 
 failures = 0
 
@@ -146,11 +151,12 @@ def hosts_of(objects, pods):
     return names
 
 
-def http(url, body=None, timeout=60):
+def http(url, body=None, timeout=60, with_headers=False):
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.status, response.read().decode()
+        answer = (response.status, response.read().decode())
+        return answer + (response.headers,) if with_headers else answer
 
 
 def wait_ready(url, seconds, process):
@@ -173,6 +179,155 @@ def metric(text, name):
         if line.startswith(name):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def run_pods(binary, model, values, scenario):
+    """Renders the chart with `values`, starts its pods each in a network
+    namespace of its own on one bridge, runs scenario(pods, start, model_name)
+    (start(pod) starts or restarts a pod from its spec), then removes them."""
+    args = ["template", "t", CHART]
+    for k, v in values.items():
+        args += ["--set", f"{k}={v}"]
+    objects = [o for o in yaml.safe_load_all(subprocess.run([HELM, *args], check=True, capture_output=True,
+                                                            text=True).stdout) if o]
+    pods = pods_of(objects)
+    hosts = hosts_of(objects, pods)
+    # The image's ENV (deploy/docker/Dockerfile): the model cache and every interface.
+    image_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp",
+                 "LAZYKV_CACHE_DIR": os.path.dirname(os.path.dirname(model)), "LAZYKV_HOST": "0.0.0.0"}
+    work = tempfile.mkdtemp(prefix="lazykv-chart-pods.")
+    failures_before = failures
+    try:
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+        run("ip", "link", "set", BRIDGE, "up")
+        for i, p in enumerate(pods):
+            host_end, pod_end = f"{TAG}h{i}", f"{TAG}p{i}"
+            run("ip", "netns", "add", p.netns)
+            run("ip", "link", "add", host_end, "type", "veth", "peer", "name", pod_end)
+            run("ip", "link", "set", pod_end, "netns", p.netns)
+            run("ip", "link", "set", host_end, "master", BRIDGE, "up")
+            run("ip", "netns", "exec", p.netns, "ip", "addr", "add", f"{p.ip}/24", "dev", pod_end)
+            run("ip", "netns", "exec", p.netns, "ip", "link", "set", pod_end, "up")
+            run("ip", "netns", "exec", p.netns, "ip", "link", "set", "lo", "up")
+            os.makedirs(f"/etc/netns/{p.netns}", exist_ok=True)
+            with open(f"/etc/netns/{p.netns}/hosts", "w") as f:
+                f.write("127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in hosts.items()))
+        check(True, f"{len(pods)} pods in their own network namespaces: "
+              + ", ".join(f"{p.name} {p.ip}" for p in pods))
+        scenario(pods, lambda p: p.start(binary, image_env, work), os.path.basename(model).rsplit(".gguf", 1)[0])
+    finally:
+        for p in pods:
+            if p.process is not None and p.process.poll() is None:
+                p.process.kill()
+                p.process.wait()
+        for p in pods:
+            subprocess.run(["ip", "netns", "del", p.netns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{p.netns}", ignore_errors=True)
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        if failures > failures_before:
+            for p in pods:
+                if p.log and os.path.exists(p.log):
+                    print(f"--- {p.name} (last lines)\n" + open(p.log).read()[-1500:])
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def distributed_scenario(pods, start, model_name):
+    coordinator = next(p for p in pods if p.name.endswith("-coordinator-pod"))
+    kvstore = next(p for p in pods if p.name.endswith("-kvstore-0"))
+    rank1 = next(p for p in pods if p.name.endswith("-worker-1"))
+    for p in pods:
+        start(p)
+    api = f"http://{coordinator.ip}:{coordinator.container['ports'][0]['containerPort']}"
+    if not check(wait_ready(api, 180, coordinator.process), f"the coordinator is ready at {api}"):
+        return
+
+    ask = {"model": model_name, "temperature": 0, "max_tokens": 12,
+           "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    status, body = http(api + "/v1/chat/completions", ask)
+    check(status == 200 and "Paris" in body, f"a greedy chat completion through two ranks answers Paris: {body[:200]}")
+
+    tiers = {"model": model_name, "temperature": 0, "max_tokens": 120,
+             "kv_policy": {"name": "lazy+tiers", "budget": 48, "window": 8, "alpha": 0.001},
+             "messages": [{"role": "user", "content":
+                           "Explain step by step why the sum of two odd numbers is always even."}]}
+    status, body = http(api + "/v1/chat/completions", tiers, timeout=120)
+    check(status == 200, "a lazy+tiers request completes")
+    kv_port = next(p["containerPort"] for p in kvstore.container["ports"] if p["name"] == "metrics")
+    _, text = http(f"http://{kvstore.ip}:{kv_port}/metrics")
+    puts = metric(text, 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}')
+    check(puts > 0, f"the ranks demoted blocks to the kvstore pod across namespaces ({puts:.0f} puts)")
+
+    rank1.process.kill()
+    rank1.process.wait()
+    time.sleep(1)
+    start(rank1)
+    check(answers_paris(api, ask, 120), "rank 1 killed and started again from its pod spec: the group serves again")
+
+    coordinator.process.send_signal(signal.SIGTERM)
+    check(exit_code(coordinator.process) == 0, "SIGTERM drains the coordinator, exit 0")
+
+
+def replicas_scenario(pods, start, model_name):
+    router = next(p for p in pods if p.name.endswith("-router-pod"))
+    servers = sorted((p for p in pods if p.workload["kind"] == "StatefulSet"), key=lambda p: p.ordinal)
+    for p in pods:
+        start(p)
+    api = f"http://{router.ip}:{router.container['ports'][0]['containerPort']}"
+    if not check(wait_ready(api, 180, router.process), f"the router is ready at {api}"):
+        return
+    check(replicas_up(api, [True, True], 180), "the router sees both serve pods up by their DNS names")
+    ask = {"model": model_name, "temperature": 0, "max_tokens": 12,
+           "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    served = set()
+    for _ in range(4):
+        status, body, headers = http(api + "/v1/chat/completions", ask, with_headers=True)
+        served.add(headers.get("x-lazykv-replica", "") if status == 200 and "Paris" in body else "failed")
+    names = {f"{p.name}.{p.workload['spec']['serviceName']}:{p.container['ports'][0]['containerPort']}"
+             for p in servers}
+    check(served == names, f"requests through the router answer Paris from both serve pods ({sorted(served)})")
+
+    servers[1].process.kill()
+    servers[1].process.wait()
+    check(answers_paris(api, ask, 30) and replicas_up(api, [True, False], 10),
+          "serve pod 1 killed: the router answers from pod 0 and marks pod 1 down")
+    start(servers[1])
+    check(replicas_up(api, [True, True], 180), "serve pod 1 started again from its spec: the router takes it back")
+
+    router.process.send_signal(signal.SIGTERM)
+    check(exit_code(router.process) == 0, "SIGTERM stops the router, exit 0")
+
+
+def answers_paris(api, ask, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            status, body = http(api + "/v1/chat/completions", ask, timeout=30)
+            if status == 200 and "Paris" in body:
+                return True
+        except Exception:
+            time.sleep(1)
+    return False
+
+
+def replicas_up(api, expected, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            _, body = http(api + "/router/replicas", timeout=5)
+            if [r["up"] for r in json.loads(body)["replicas"]] == expected:
+                return True
+        except Exception:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def exit_code(process, seconds=60):
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def main():
@@ -200,98 +355,8 @@ def main():
         print(f"skipped: this machine cannot make the pods' network ({missing})")
         return 77
 
-    args = ["template", "t", CHART]
-    for k, v in VALUES.items():
-        args += ["--set", f"{k}={v}"]
-    objects = [o for o in yaml.safe_load_all(subprocess.run([HELM, *args], check=True, capture_output=True,
-                                                            text=True).stdout) if o]
-    pods = pods_of(objects)
-    hosts = hosts_of(objects, pods)
-    # The image's ENV (deploy/docker/Dockerfile): the model cache and every interface.
-    image_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp",
-                 "LAZYKV_CACHE_DIR": os.path.dirname(os.path.dirname(model)), "LAZYKV_HOST": "0.0.0.0"}
-    work = tempfile.mkdtemp(prefix="lazykv-chart-pods.")
-    try:
-        run("ip", "link", "add", BRIDGE, "type", "bridge")
-        run("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
-        run("ip", "link", "set", BRIDGE, "up")
-        for i, p in enumerate(pods):
-            host_end, pod_end = f"{TAG}h{i}", f"{TAG}p{i}"
-            run("ip", "netns", "add", p.netns)
-            run("ip", "link", "add", host_end, "type", "veth", "peer", "name", pod_end)
-            run("ip", "link", "set", pod_end, "netns", p.netns)
-            run("ip", "link", "set", host_end, "master", BRIDGE, "up")
-            run("ip", "netns", "exec", p.netns, "ip", "addr", "add", f"{p.ip}/24", "dev", pod_end)
-            run("ip", "netns", "exec", p.netns, "ip", "link", "set", pod_end, "up")
-            run("ip", "netns", "exec", p.netns, "ip", "link", "set", "lo", "up")
-            os.makedirs(f"/etc/netns/{p.netns}", exist_ok=True)
-            with open(f"/etc/netns/{p.netns}/hosts", "w") as f:
-                f.write("127.0.0.1 localhost\n" + "".join(f"{ip} {name}\n" for name, ip in hosts.items()))
-        check(True, f"{len(pods)} pods in their own network namespaces: "
-              + ", ".join(f"{p.name} {p.ip}" for p in pods))
-
-        coordinator = next(p for p in pods if p.name.endswith("-coordinator-pod"))
-        kvstore = next(p for p in pods if p.name.endswith("-kvstore-0"))
-        rank1 = next(p for p in pods if p.name.endswith("-worker-1"))
-        for p in pods:
-            p.start(binary, image_env, work)
-        api = f"http://{coordinator.ip}:{coordinator.container['ports'][0]['containerPort']}"
-        if not check(wait_ready(api, 180, coordinator.process), f"the coordinator is ready at {api}"):
-            for p in pods:
-                print(f"--- {p.name}\n" + open(p.log).read()[-2000:])
-            return 1
-
-        model_name = os.path.basename(model).rsplit(".gguf", 1)[0]
-        ask = {"model": model_name, "temperature": 0, "max_tokens": 12,
-               "messages": [{"role": "user", "content": "What is the capital of France?"}]}
-        status, body = http(api + "/v1/chat/completions", ask)
-        check(status == 200 and "Paris" in body, f"a greedy chat completion through two ranks answers Paris: {body[:200]}")
-
-        tiers = {"model": model_name, "temperature": 0, "max_tokens": 120,
-                 "kv_policy": {"name": "lazy+tiers", "budget": 48, "window": 8, "alpha": 0.001},
-                 "messages": [{"role": "user", "content":
-                               "Explain step by step why the sum of two odd numbers is always even."}]}
-        status, body = http(api + "/v1/chat/completions", tiers, timeout=120)
-        check(status == 200, "a lazy+tiers request completes")
-        kv_port = next(p["containerPort"] for p in kvstore.container["ports"] if p["name"] == "metrics")
-        _, text = http(f"http://{kvstore.ip}:{kv_port}/metrics")
-        puts = metric(text, 'lazykv_kvstore_requests_total{endpoint="put",code="ok"}')
-        check(puts > 0, f"the ranks demoted blocks to the kvstore pod across namespaces ({puts:.0f} puts)")
-
-        rank1.process.kill()
-        rank1.process.wait()
-        time.sleep(1)
-        rank1.start(binary, image_env, work)
-        recovered = False
-        deadline = time.time() + 120
-        while time.time() < deadline and not recovered:
-            try:
-                status, body = http(api + "/v1/chat/completions", ask, timeout=30)
-                recovered = status == 200 and "Paris" in body
-            except Exception:
-                time.sleep(1)
-        check(recovered, "rank 1 killed and started again from its pod spec: the group serves again")
-
-        coordinator.process.send_signal(signal.SIGTERM)
-        try:
-            code = coordinator.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            code = None
-        check(code == 0, f"SIGTERM drains the coordinator, exit {code}")
-    finally:
-        for p in pods:
-            if p.process is not None and p.process.poll() is None:
-                p.process.kill()
-                p.process.wait()
-        for p in pods:
-            subprocess.run(["ip", "netns", "del", p.netns], capture_output=True)
-            shutil.rmtree(f"/etc/netns/{p.netns}", ignore_errors=True)
-        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
-        if failures:
-            for p in pods:
-                if p.log and os.path.exists(p.log):
-                    print(f"--- {p.name} (last lines)\n" + open(p.log).read()[-1500:])
-        shutil.rmtree(work, ignore_errors=True)
+    run_pods(binary, model, VALUES, distributed_scenario)
+    run_pods(binary, model, REPLICA_VALUES, replicas_scenario)
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 

@@ -226,6 +226,7 @@ def main():
         ({"model": "/models/r1.gguf"}, "mount the volume that holds it with modelVolume"),
         ({"extraEnv.LAZYKV_THREADS": 2}, "extraEnv.LAZYKV_THREADS: the chart sets it from its own value"),
         ({"extraEnv.LAZYKV_KV_BUDGET": 64}, "extraEnv.LAZYKV_KV_BUDGET: the chart sets it"),
+        ({"mode": "distributed", "router.enabled": "true"}, "router.enabled needs mode: serve"),
     ]:
         try:
             render(values)
@@ -308,6 +309,28 @@ def main():
     c = pod_spec(by_kind(limited, "Deployment")[FULLNAME])["containers"][0]
     check(env_of(c)["LAZYKV_THREADS"].get("valueFrom", {}).get("resourceFieldRef", {}).get("resource") == "limits.cpu",
           "threads 0 with a CPU limit: the model's threads follow the limit, not the node's cores")
+
+    routed = render({"router.enabled": "true", "serve.replicas": 3, "router.maxRequestsPerReplica": 16})
+    check_objects("router", routed, binary)
+    check(sorted(o["kind"] for o in routed) == ["Deployment", "Service", "Service", "StatefulSet"],
+          "router: a router Deployment, the servers' StatefulSet, the API Service and the servers' headless one")
+    router = by_kind(routed, "Deployment")[f"{FULLNAME}-router"]
+    servers = by_kind(routed, "StatefulSet")[f"{FULLNAME}-serve"]
+    r = pod_spec(router)["containers"][0]
+    listed = [r["args"][i + 1] for i, a in enumerate(r["args"]) if a == "--replica"]
+    expected = [f"{FULLNAME}-serve-{i}.{servers['spec']['serviceName']}:8000" for i in range(3)]
+    check(r["args"][0] == "router" and listed == expected, f"router: lists the servers' DNS names {expected}")
+    check(by_kind(routed, "Service")[servers["spec"]["serviceName"]]["spec"]["clusterIP"] == "None",
+          "router: the servers' Service is headless (a name per server)")
+    api_service = by_kind(routed, "Service")[FULLNAME]
+    check(api_service["spec"]["selector"]["app.kubernetes.io/component"] == "router"
+          and [p["name"] for p in api_service["spec"]["ports"]] == ["http"],
+          "router: the API Service selects the routers, HTTP only")
+    check(env_value(r, "LAZYKV_MAX_REQUESTS_PER_REPLICA") == "16" and router["spec"]["replicas"] == 2,
+          "router: two routers, 16 requests in flight per server")
+    if model:
+        ok, out = starts(binary, r, {"LAZYKV_HOST": "127.0.0.1", "LAZYKV_PORT": "0"}, "listening on http")
+        check(ok, "router: `lazykv router` starts with the rendered arguments" + ("" if ok else ": " + out[-300:]))
 
     # The longest base name fits every derived name; a longer one is refused, not cut.
     named = render({"mode": "distributed", "kvstore.enabled": "true"}, release="r" * 37)  # r...r-lazykv: 44

@@ -59,6 +59,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (eq .Values.mode "serve") (gt (int $tp.world) 1) -}}
 {{- fail "worker.tensorParallel.world > 1 needs mode: distributed (serve runs one process)" -}}
 {{- end -}}
+{{- if and .Values.router.enabled (ne .Values.mode "serve") -}}
+{{- fail "router.enabled needs mode: serve (the chart runs one coordinator group; replicas of groups are not in it yet)" -}}
+{{- end -}}
 {{- if and (ne (toString .Values.model) "default") (not .Values.modelVolume) -}}
 {{- fail (printf "model %q is a path: mount the volume that holds it with modelVolume (at /models)" (toString .Values.model)) -}}
 {{- end -}}
@@ -175,6 +178,11 @@ startupProbe:
     port: http
   periodSeconds: 5
   failureThreshold: 120
+{{- end -}}
+
+{{/* The component the API Service selects: the router when there is one. */}}
+{{- define "lazykv.apiComponent" -}}
+{{- ternary "router" "api" (and (eq .Values.mode "serve") .Values.router.enabled) -}}
 {{- end -}}
 
 {{- define "lazykv.scrapeAnnotations" -}}

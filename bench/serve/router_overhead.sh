@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# What `lazykv router` costs and what a second replica gives, on one
+# machine: (1) one `lazykv serve` (THREADS threads) measured directly and
+# through a router, alternately, at concurrency 1 (the router's added
+# latency per request: TTFT and end to end) and at concurrency 32; (2) two
+# servers of THREADS/2 threads each behind the router at concurrency 32, the
+# same total cores (on a 2-core machine this shows overhead, not gains).
+# Load: `lazykv bench-serve`, streamed chat, ignore_eos. Prints one JSON object.
+#   usage: bench/serve/router_overhead.sh LAZYKV_BINARY MODEL.gguf
+#   env:   THREADS (2), ROUNDS (2), SHORT_REQUESTS (40), LONG_REQUESTS (128)
+set -euo pipefail
+shopt -s inherit_errexit
+bin=$1 model=$2
+threads=${THREADS:-2}
+rounds=${ROUNDS:-2}
+short_requests=${SHORT_REQUESTS:-40}
+long_requests=${LONG_REQUESTS:-128}
+work=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
+
+# start ROLE ARGS...: a process whose start line names its URL; prints the URL.
+start() {
+  local log=$work/$RANDOM.log url=""
+  "$bin" "$@" --port 0 >"$log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 600); do
+    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -1)
+    [ -n "$url" ] && break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { cat "$log" >&2; exit 1; }
+  url=${url#listening on }
+  for _ in $(seq 1 600); do curl -sf "$url/ready" >/dev/null && break; sleep 0.1; done
+  echo "$url"
+}
+load() {  # URL CONCURRENCY REQUESTS MAX_TOKENS
+  "$bin" bench-serve --url "$1" --concurrency "$2" --requests "$3" --max-tokens "$4" --ignore-eos \
+    --prompt-tokens-approx 128 --warmup 2
+}
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done; pids=(); }
+
+one=$(start serve --model "$model" --threads "$threads" --max-batch 32)
+routed=$(start router --replica "${one#http://}" --max-requests-per-replica 32)
+sleep 1.5  # the router's first probe
+for ((r = 0; r < rounds; r++)); do
+  load "$one" 1 "$short_requests" 4 >"$work/direct_c1_$r.json"
+  load "$routed" 1 "$short_requests" 4 >"$work/router_c1_$r.json"
+done
+load "$one" 32 "$long_requests" 32 >"$work/direct_c32.json"
+load "$routed" 32 "$long_requests" 32 >"$work/router_c32.json"
+stop_all
+
+half=$(( threads / 2 > 0 ? threads / 2 : 1 ))
+a=$(start serve --model "$model" --threads "$half" --max-batch 16)
+b=$(start serve --model "$model" --threads "$half" --max-batch 16)
+pair=$(start router --replica "${a#http://}" --replica "${b#http://}" --max-requests-per-replica 16)
+sleep 1.5
+load "$pair" 32 "$long_requests" 32 >"$work/two_replicas_c32.json"
+stop_all
+
+python3 - "$work" "$rounds" "$threads" <<'PY'
+import json, os, statistics, sys
+work, rounds, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def read(name):
+    with open(os.path.join(work, name + ".json")) as f:
+        return json.load(f)
+def summary(d):
+    return {"output_tokens_per_s": round(d["output_tokens_per_s"], 2), "requests_per_s": round(d["requests_per_s"], 3),
+            "ttft_p50_s": d["ttft_s"]["p50"], "ttft_p99_s": d["ttft_s"]["p99"], "e2e_p50_s": d["e2e_s"]["p50"],
+            "errors": d["errors"]}
+direct = [read(f"direct_c1_{r}") for r in range(rounds)]
+routed = [read(f"router_c1_{r}") for r in range(rounds)]
+added = lambda key, q: [round(1000 * (x[key][q] - y[key][q]), 3) for x, y in zip(routed, direct)]
+print(json.dumps({
+    "threads": threads,
+    "concurrency_1": {"direct": [summary(d) for d in direct], "router": [summary(d) for d in routed],
+                      "router_added_ttft_p50_ms": added("ttft_s", "p50"),
+                      "router_added_e2e_p50_ms": added("e2e_s", "p50")},
+    "concurrency_32": {"one_server_direct": summary(read("direct_c32")),
+                       "one_server_router": summary(read("router_c32")),
+                       "two_servers_router": summary(read("two_replicas_c32"))},
+}, indent=1))
+PY
