@@ -35,12 +35,6 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   return std::make_unique<Tokenizer>(tokenizer_spec_from_gguf(gguf));
 }
 
-std::chrono::milliseconds millis_flag(const Flags& flags, const std::string& name, double scale) {
-  const double value = flags.get_double(name) * scale;
-  if (!(value > 0)) throw Error(ErrorCode::kInvalidArgument, "--" + name + " must be > 0");
-  return std::chrono::milliseconds(int64_t(value));
-}
-
 }  // namespace
 
 int run_coordinator(const std::vector<std::string>& args) {

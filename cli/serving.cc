@@ -124,38 +124,25 @@ sigset_t block_termination_signals() {
   return signals;
 }
 
-namespace {
-
-// After the first SIGTERM or SIGINT: watches for a second one, which cuts
-// the drain short.
-class SecondSignal {
- public:
-  explicit SecondSignal(const sigset_t& signals, const char* role)
-      : thread_([this, signals, role] {
-          const timespec tick{0, 100'000'000};
-          while (!done_) {
-            const int signal = sigtimedwait(&signals, nullptr, &tick);
-            if (signal > 0) {
-              std::fprintf(stderr, "lazykv %s: second %s: ending running requests now\n", role,
-                           signal == SIGTERM ? "SIGTERM" : "SIGINT");
-              received_ = true;
-              return;
-            }
+SecondSignal::SecondSignal(const sigset_t& signals, const char* role)
+    : thread_([this, signals, role] {
+        const timespec tick{0, 100'000'000};
+        while (!done_) {
+          const int signal = sigtimedwait(&signals, nullptr, &tick);
+          if (signal > 0) {
+            std::fprintf(stderr, "lazykv %s: second %s: ending running requests now\n", role,
+                         signal == SIGTERM ? "SIGTERM" : "SIGINT");
+            received_ = true;
+            return;
           }
-        }) {}
-  ~SecondSignal() {
-    done_ = true;
-    thread_.join();
-  }
-  bool received() const { return received_; }
+        }
+      }) {}
 
- private:
-  std::atomic<bool> done_{false};
-  std::atomic<bool> received_{false};
-  std::thread thread_;
-};
+SecondSignal::~SecondSignal() {
+  done_ = true;
+  thread_.join();
+}
 
-// Waits until `done` holds, the deadline passes or a second signal comes.
 void wait_while_draining(const std::function<bool()>& done, std::chrono::steady_clock::time_point deadline,
                          const SecondSignal& second) {
   while (!done() && !second.received() && std::chrono::steady_clock::now() < deadline) {
@@ -163,7 +150,11 @@ void wait_while_draining(const std::function<bool()>& done, std::chrono::steady_
   }
 }
 
-}  // namespace
+std::chrono::milliseconds millis_flag(const Flags& flags, const std::string& name, double scale) {
+  const double value = flags.get_double(name) * scale;
+  if (!(value >= 1)) throw Error(ErrorCode::kInvalidArgument, "--" + name + " must be at least 1 ms");
+  return std::chrono::milliseconds(int64_t(value));
+}
 
 int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, Scheduler& scheduler,
                        metrics::Registry& registry, const ServiceConfig& service, const ServeOptions& options) {
@@ -182,9 +173,7 @@ int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokeni
   api.set_ready(options.ready);
   if (options.live_api != nullptr) *options.live_api = &api;
   http::ServerOptions http_options = http_options_from_flags(flags, role);
-  http_options.error_body = [](int status, const std::string& message) {
-    return api::error_body(api::ApiError(status, status >= 500 ? "server_error" : "invalid_request_error", message));
-  };
+  http_options.error_body = api::status_error_body;
   http_options.check_header = [&api](const http::Request& head) { return api.check_header(head); };
   http_options.on_own_answer = [&api](int status) { api.count_server_answer(status); };
   http::Server server(http_options, [&api](const http::Request& r, http::ResponseWriter& w) { api.handle(r, w); });

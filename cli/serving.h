@@ -4,8 +4,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
+#include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/flags.h"
@@ -46,6 +49,28 @@ struct ServeOptions {
   std::atomic<OpenAiService*>* live_api = nullptr;
   bool ready = true;   // /ready at start
 };
+
+// After the first SIGTERM or SIGINT: watches for a second one, which cuts
+// the drain short.
+class SecondSignal {
+ public:
+  SecondSignal(const sigset_t& signals, const char* role);
+  ~SecondSignal();
+  bool received() const { return received_; }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<bool> received_{false};
+  std::thread thread_;
+};
+
+// Waits until `done` holds, the deadline passes or a second signal comes.
+void wait_while_draining(const std::function<bool()>& done, std::chrono::steady_clock::time_point deadline,
+                         const SecondSignal& second);
+
+// A duration flag given in units of `scale` milliseconds (1000: seconds);
+// Error(kInvalidArgument) below 1 ms.
+std::chrono::milliseconds millis_flag(const Flags& flags, const std::string& name, double scale);
 
 // Starts the APIs, prints the URL and a curl example, waits for a signal,
 // then drains: /ready and gRPC health turn unavailable, new requests get 503,

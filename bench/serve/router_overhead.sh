@@ -19,20 +19,21 @@ work=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
 
-# start ROLE ARGS...: a process whose start line names its URL; prints the URL.
+# start VAR ARGS...: `lazykv ARGS --port 0`; sets VAR to its URL once it is ready.
 start() {
-  local log=$work/$RANDOM.log url=""
+  local var=$1 log=$work/$RANDOM.log url=""
+  shift
   "$bin" "$@" --port 0 >"$log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 600); do
-    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -1)
+    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -1 || true)
     [ -n "$url" ] && break
     sleep 0.1
   done
   [ -n "$url" ] || { cat "$log" >&2; exit 1; }
   url=${url#listening on }
   for _ in $(seq 1 600); do curl -sf "$url/ready" >/dev/null && break; sleep 0.1; done
-  echo "$url"
+  printf -v "$var" '%s' "$url"
 }
 load() {  # URL CONCURRENCY REQUESTS MAX_TOKENS
   "$bin" bench-serve --url "$1" --concurrency "$2" --requests "$3" --max-tokens "$4" --ignore-eos \
@@ -40,8 +41,8 @@ load() {  # URL CONCURRENCY REQUESTS MAX_TOKENS
 }
 stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done; pids=(); }
 
-one=$(start serve --model "$model" --threads "$threads" --max-batch 32)
-routed=$(start router --replica "${one#http://}" --max-requests-per-replica 32)
+start one serve --model "$model" --threads "$threads" --max-batch 32
+start routed router --replica "${one#http://}" --max-requests-per-replica 32
 sleep 1.5  # the router's first probe
 for ((r = 0; r < rounds; r++)); do
   load "$one" 1 "$short_requests" 4 >"$work/direct_c1_$r.json"
@@ -52,9 +53,9 @@ load "$routed" 32 "$long_requests" 32 >"$work/router_c32.json"
 stop_all
 
 half=$(( threads / 2 > 0 ? threads / 2 : 1 ))
-a=$(start serve --model "$model" --threads "$half" --max-batch 16)
-b=$(start serve --model "$model" --threads "$half" --max-batch 16)
-pair=$(start router --replica "${a#http://}" --replica "${b#http://}" --max-requests-per-replica 16)
+start a serve --model "$model" --threads "$half" --max-batch 16
+start b serve --model "$model" --threads "$half" --max-batch 16
+start pair router --replica "${a#http://}" --replica "${b#http://}" --max-requests-per-replica 16
 sleep 1.5
 load "$pair" 32 "$long_requests" 32 >"$work/two_replicas_c32.json"
 stop_all

@@ -260,4 +260,8 @@ std::string error_body(const ApiError& error) {
   return dump(body);
 }
 
+std::string status_error_body(int status, const std::string& message) {
+  return error_body(ApiError(status, status >= 500 ? "server_error" : "invalid_request_error", message));
+}
+
 }  // namespace lazykv::api

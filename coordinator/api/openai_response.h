@@ -88,5 +88,9 @@ std::string detokenize_body(const std::string& text);
 
 // {"error": {...}} for an ApiError.
 std::string error_body(const ApiError& error);
+// The body of an error a server answers without an ApiError at hand (the
+// HTTP layer's 413, the router's 502/503): type server_error from 500 up,
+// invalid_request_error below.
+std::string status_error_body(int status, const std::string& message);
 
 }  // namespace lazykv::api

@@ -49,18 +49,29 @@ int ReplicaSet::choose_locked(const Waiter& w, Clock::time_point now) const {
   return least;
 }
 
+bool ReplicaSet::has_free_slot_locked() const {
+  return std::any_of(replicas_.begin(), replicas_.end(),
+                     [this](const ReplicaState& s) { return s.up && s.in_flight < options_.max_requests; });
+}
+
 void ReplicaSet::assign_waiting_locked(Clock::time_point now) {
+  scanned_at_ = now;
+  scanned_version_ = version_;
+  if (waiting_.empty() || !has_free_slot_locked()) return;  // a saturated router scans nothing
   bool any = false;
   // Two passes in arrival order: first the requests that can go to their
-  // prefix's replica, so a freed slot goes to a request at home there before
-  // one spilling over from a full replica; then the rest.
-  for (const bool home_only : {true, false}) {
+  // prefix's replica, and those that have waited affinity_wait already, so
+  // a freed slot goes to a request at home there before one spilling over
+  // from a full replica, and a request without a prefix is not passed over
+  // for long; then the rest.
+  for (const bool first_pass : {true, false}) {
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       Waiter& w = **it;
       const int r = choose_locked(w, now);
       const PrefixAffinity::Match match = affinity_.longest(w.request->keys, now, [r](int m) { return m == r; });
       const bool home = r >= 0 && match.replica == r;
-      if (r < 0 || (home_only && !home)) {
+      const bool due = home || now - w.since >= options_.affinity_wait;
+      if (r < 0 || (first_pass && !due)) {
         ++it;  // a later request may prefer a replica that has a slot
         continue;
       }
@@ -87,25 +98,48 @@ ReplicaSet::Acquired ReplicaSet::acquire(const RouteRequest& request, Clock::tim
     }
     return false;
   };
-  if (!any_usable()) return {std::nullopt, AcquireFailure::kNoReplicaUp};
+  auto none_left = [&] {
+    const bool any_up = std::any_of(replicas_.begin(), replicas_.end(), [](const ReplicaState& s) { return s.up; });
+    return any_up ? AcquireFailure::kEveryReplicaFailed : AcquireFailure::kNoReplicaUp;
+  };
+  if (!any_usable()) return {std::nullopt, none_left()};
   Waiter w{&request, Clock::now(), std::nullopt};
   waiting_.push_back(&w);
+  ++version_;
   auto give_up = [&](AcquireFailure why) {
     waiting_.remove(&w);
     if (options_.metrics) options_.metrics->gauge(metrics::kRouterWaiting).set(double(waiting_.size()));
     return Acquired{std::nullopt, why};
   };
-  for (bool first = true;; first = false) {
-    const auto now = Clock::now();
-    assign_waiting_locked(now);
-    if (w.assigned) return {w.assigned, AcquireFailure::kTimedOut};
-    if (first && waiting_.size() > options_.max_waiting) return give_up(AcquireFailure::kQueueFull);
-    if (options_.metrics) options_.metrics->gauge(metrics::kRouterWaiting).set(double(waiting_.size()));
-    if (!any_usable()) return give_up(AcquireFailure::kNoReplicaUp);
-    if (now >= deadline) return give_up(AcquireFailure::kTimedOut);
-    if (cancelled && cancelled()) return give_up(AcquireFailure::kCancelled);
-    changed_.wait_until(lock, std::min(deadline, now + kWaitPoll));
+  try {
+    for (bool first = true;; first = false) {
+      const auto now = Clock::now();
+      // One scan serves every waiter: run it when something changed or the
+      // poll period passed (a hold-out may have run out), not per waiter.
+      if (version_ != scanned_version_ || now - scanned_at_ >= kWaitPoll) assign_waiting_locked(now);
+      if (w.assigned) return {w.assigned, AcquireFailure::kTimedOut};
+      if (first && waiting_.size() > options_.max_waiting) return give_up(AcquireFailure::kQueueFull);
+      if (options_.metrics) options_.metrics->gauge(metrics::kRouterWaiting).set(double(waiting_.size()));
+      if (!any_usable()) return give_up(none_left());
+      if (now >= deadline) return give_up(AcquireFailure::kTimedOut);
+      if (cancelled && cancelled()) return give_up(AcquireFailure::kCancelled);
+      changed_.wait_until(lock, std::min(deadline, now + kWaitPoll));
+    }
+  } catch (...) {
+    if (!w.assigned) waiting_.remove(&w);  // never leave a pointer to this frame behind
+    throw;
   }
+}
+
+int ReplicaSet::lightest_up(const std::vector<int>& excluded) const {
+  std::lock_guard lock(mutex_);
+  int lightest = -1;
+  for (int r = 0; r < size(); ++r) {
+    const ReplicaState& s = replicas_[size_t(r)];
+    if (!s.up || contains(excluded, r)) continue;
+    if (lightest < 0 || s.in_flight < replicas_[size_t(lightest)].in_flight) lightest = r;
+  }
+  return lightest;
 }
 
 void ReplicaSet::release(int replica, int64_t tokens) {
@@ -114,6 +148,7 @@ void ReplicaSet::release(int replica, int64_t tokens) {
   --s.in_flight;
   s.outstanding_tokens -= tokens;
   publish_locked(replica);
+  ++version_;
   assign_waiting_locked(Clock::now());
 }
 
@@ -124,6 +159,7 @@ bool ReplicaSet::set_up(int replica, bool up, Clock::time_point probed_at) {
   if (s.up == up || (up && probed_at < s.failed_at)) return false;
   s.up = up;
   publish_locked(replica);
+  ++version_;
   assign_waiting_locked(Clock::now());
   changed_.notify_all();  // waiters re-check whether any replica is left
   return true;

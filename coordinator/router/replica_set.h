@@ -51,7 +51,13 @@ struct Assignment {
   size_t matched_blocks = 0;  // > 0: chosen by prefix affinity
 };
 
-enum class AcquireFailure { kNoReplicaUp, kQueueFull, kTimedOut, kCancelled };
+enum class AcquireFailure {
+  kNoReplicaUp,
+  kEveryReplicaFailed,  // replicas are up, but each one already failed this request
+  kQueueFull,
+  kTimedOut,
+  kCancelled,
+};
 
 class ReplicaSet {
  public:
@@ -69,6 +75,9 @@ class ReplicaSet {
   Acquired acquire(const RouteRequest& request, Clock::time_point deadline, const std::function<bool()>& cancelled);
   // Ends an acquired slot; `tokens` as in the RouteRequest.
   void release(int replica, int64_t tokens);
+  // For a request that takes no slot (GET /v1/models, /tokenize): the up
+  // replica with the fewest requests in flight, not in `excluded`; -1 if none.
+  int lightest_up(const std::vector<int>& excluded) const;
 
   // Health, from a failed connection (down) or a probe that began at
   // `probed_at`; true when it changed. A probe that began before the last
@@ -95,6 +104,7 @@ class ReplicaSet {
     std::optional<Assignment> assigned;
   };
   int choose_locked(const Waiter& w, Clock::time_point now) const;
+  bool has_free_slot_locked() const;
   void assign_waiting_locked(Clock::time_point now);
   void publish_locked(int replica);
 
@@ -104,6 +114,9 @@ class ReplicaSet {
   std::vector<ReplicaState> replicas_;
   std::list<Waiter*> waiting_;  // arrival order
   int rotation_ = 0;             // where the search for the least loaded replica starts
+  uint64_t version_ = 0;         // bumped by every arrival, release and health change
+  uint64_t scanned_version_ = 0; // version_ at the last scan of waiting_
+  Clock::time_point scanned_at_{};
   PrefixAffinity affinity_;
 };
 

@@ -17,6 +17,12 @@ namespace {
 constexpr auto kProbeTick = std::chrono::milliseconds(50);  // how soon a stopping probe thread notices
 constexpr int64_t kBytesPerToken = 4;                        // the token estimate of prompt text
 
+// Generation requests hold a replica's slot; the rest (model lists,
+// tokenize) are quick and go to any replica that is up.
+bool takes_a_slot(const http::Request& request) {
+  return request.method == "POST" && (request.path == "/v1/completions" || request.path == "/v1/chat/completions");
+}
+
 // What the router reads of a request body: the prefix keys of its prompt
 // text and its token estimate. A body that is not JSON gets neither; the
 // replica answers it (with its own 400).
@@ -48,6 +54,7 @@ RouteRequest describe(const http::Request& request, int64_t default_max_tokens) 
 std::string failure_message(AcquireFailure failure, std::chrono::milliseconds queue_timeout) {
   switch (failure) {
     case AcquireFailure::kNoReplicaUp: return "no replica is up; retry later";
+    case AcquireFailure::kEveryReplicaFailed: return "every replica that is up failed to take the request; retry later";
     case AcquireFailure::kQueueFull: return "the router's queue is full; retry later";
     case AcquireFailure::kTimedOut:
       return "no replica had a free slot within " + std::to_string(queue_timeout.count() / 1000) + " s; retry later";
@@ -108,8 +115,9 @@ void RouterService::mark_down(int replica, const std::string& why) {
 void RouterService::answer_error(http::ResponseWriter& out, int status, const std::string& replica,
                                  const std::string& message) {
   registry_.counter(metrics::kRouterRequests, {replica, std::to_string(status)}).inc();
-  out.send(status, "application/json",
-           api::error_body(api::ApiError(status, status >= 500 ? "server_error" : "invalid_request_error", message)));
+  http::Headers named;
+  if (replica != kNoReplica) named.emplace_back("x-lazykv-replica", replica);
+  out.send(status, "application/json", api::status_error_body(status, message), named);
 }
 
 void RouterService::handle(const http::Request& request, http::ResponseWriter& out) {
@@ -128,61 +136,92 @@ void RouterService::handle(const http::Request& request, http::ResponseWriter& o
     }
     out.send(200, "application/json", nlohmann::json{{"replicas", replicas}, {"waiting", set_.waiting()}}.dump());
   } else if (draining_) {
-    answer_error(out, 503, "none", "the router is shutting down; retry on another instance");
+    answer_error(out, 503, kNoReplica, "the router is shutting down; retry on another instance");
   } else {
-    ++in_flight_;
-    route(request, out);
-    --in_flight_;
+    struct Counted {
+      std::atomic<int>& n;
+      explicit Counted(std::atomic<int>& count) : n(count) { ++n; }
+      ~Counted() { --n; }
+    } counted(in_flight_);
+    if (takes_a_slot(request)) {
+      route_generation(request, out);
+    } else {
+      route_other(request, out);
+    }
   }
 }
 
-void RouterService::route(const http::Request& request, http::ResponseWriter& out) {
+void RouterService::route_generation(const http::Request& request, http::ResponseWriter& out) {
   RouteRequest route = describe(request, options_.default_max_tokens);
   const auto deadline = ReplicaSet::Clock::now() + options_.queue_timeout;
-  auto stream_error = [](const std::string& error) {
-    return http::sse_event(api::error_body(api::ApiError(502, "server_error", error + "; the request was not retried")));
-  };
   for (;;) {
     const ReplicaSet::Acquired acquired = set_.acquire(route, deadline, [&out] { return out.client_gone(); });
     if (!acquired.assignment) {
       if (acquired.failure != AcquireFailure::kCancelled) {
-        answer_error(out, 503, "none", failure_message(acquired.failure, options_.queue_timeout));
+        answer_error(out, 503, kNoReplica, failure_message(acquired.failure, options_.queue_timeout));
       }
       return;
     }
     const int r = acquired.assignment->replica;
-    const std::string& name = set_.name(r);
     registry_.counter(metrics::kRouterRoutes, {acquired.assignment->matched_blocks > 0 ? "affinity" : "least_loaded"}).inc();
-    const Address& a = addresses_[size_t(r)];
-    const UpstreamOutcome outcome = forward_request(a.host, a.port, request, out, options_.upstream,
-                                                    {{"x-lazykv-replica", name}}, stream_error);
-    // A failed replica is marked down before its slot is freed, so the
-    // freed slot cannot draw a waiting request to it.
-    const bool failed = outcome.result == UpstreamResult::kNotDelivered ||
-                        outcome.result == UpstreamResult::kFailedBeforeAnswer ||
-                        outcome.result == UpstreamResult::kFailedMidStream;
-    if (failed) mark_down(r, outcome.error);
-    set_.release(r, route.tokens);
-    switch (outcome.result) {
-      case UpstreamResult::kAnswered:
-        registry_.counter(metrics::kRouterRequests, {name, std::to_string(outcome.status)}).inc();
-        return;
-      case UpstreamResult::kNotDelivered:
-        registry_.counter(metrics::kRouterRetries, {name}).inc();
-        route.excluded.push_back(r);
-        continue;  // it never reached the replica: another one takes it
-      case UpstreamResult::kFailedBeforeAnswer:
-        answer_error(out, 502, name, "replica " + name + " failed during the request (" + outcome.error +
-                                         "); the request was not retried, as it may have run");
-        return;
-      case UpstreamResult::kFailedMidStream:
-        registry_.counter(metrics::kRouterRequests, {name, "502"}).inc();
-        return;
-      case UpstreamResult::kClientGone:
-        registry_.counter(metrics::kRouterRequests, {name, "499"}).inc();  // nginx's "client closed request"
-        return;
-    }
+    struct Slot {  // freed however this attempt ends
+      ReplicaSet& set;
+      int replica;
+      int64_t tokens;
+      ~Slot() { set.release(replica, tokens); }
+    } slot{set_, r, route.tokens};
+    if (forward_to(r, request, out) != UpstreamResult::kNotDelivered) return;
+    route.excluded.push_back(r);  // it never reached the replica: another one takes it
   }
+}
+
+void RouterService::route_other(const http::Request& request, http::ResponseWriter& out) {
+  std::vector<int> excluded;
+  for (;;) {
+    const int r = set_.lightest_up(excluded);
+    if (r < 0) {
+      answer_error(out, 503, kNoReplica,
+                   failure_message(excluded.empty() ? AcquireFailure::kNoReplicaUp : AcquireFailure::kEveryReplicaFailed,
+                                   options_.queue_timeout));
+      return;
+    }
+    if (forward_to(r, request, out) != UpstreamResult::kNotDelivered) return;
+    excluded.push_back(r);
+  }
+}
+
+UpstreamResult RouterService::forward_to(int r, const http::Request& request, http::ResponseWriter& out) {
+  const std::string& name = set_.name(r);
+  const Address& a = addresses_[size_t(r)];
+  auto stream_error = [](const std::string& error) {
+    return http::sse_event(api::status_error_body(502, error + "; the request was not retried"));
+  };
+  const UpstreamOutcome outcome =
+      forward_request(a.host, a.port, request, out, options_.upstream, {{"x-lazykv-replica", name}}, stream_error);
+  // A failed replica is marked down here, before the caller frees its slot,
+  // so the freed slot cannot draw a waiting request to it.
+  switch (outcome.result) {
+    case UpstreamResult::kAnswered:
+      registry_.counter(metrics::kRouterRequests, {name, std::to_string(outcome.status)}).inc();
+      break;
+    case UpstreamResult::kNotDelivered:
+      mark_down(r, outcome.error);
+      registry_.counter(metrics::kRouterRetries, {name}).inc();
+      break;
+    case UpstreamResult::kFailedBeforeAnswer:
+      mark_down(r, outcome.error);
+      answer_error(out, 502, name, "replica " + name + " failed during the request (" + outcome.error +
+                                       "); the request was not retried, as it may have run");
+      break;
+    case UpstreamResult::kFailedMidStream:
+      mark_down(r, outcome.error);
+      registry_.counter(metrics::kRouterRequests, {name, "502"}).inc();
+      break;
+    case UpstreamResult::kClientGone:
+      registry_.counter(metrics::kRouterRequests, {name, "499"}).inc();  // nginx's "client closed request"
+      break;
+  }
+  return outcome.result;
 }
 
 }  // namespace lazykv::router

@@ -5,6 +5,9 @@
 // `x-lazykv-replica` header; the router's own paths are /health, /ready
 // (some replica is up), /metrics and /router/replicas (JSON state).
 //
+// Generation requests (POST /v1/completions, /v1/chat/completions) wait for
+// a replica's slot; the others go to the up replica with the fewest requests.
+//
 // Failures: a replica that cannot be reached before it takes a request
 // loses it to another replica (retried, the client sees nothing); a
 // replica that fails after taking it ends it with a clear 502 error (an SSE
@@ -57,7 +60,12 @@ class RouterService {
     std::string host;
     uint16_t port;
   };
-  void route(const http::Request& request, http::ResponseWriter& out);
+  static constexpr const char* kNoReplica = "none";  // the replica label of the router's own answers
+  void route_generation(const http::Request& request, http::ResponseWriter& out);
+  void route_other(const http::Request& request, http::ResponseWriter& out);
+  // One attempt on replica `r`: the proxy, then the replica's health, the
+  // metrics and (when the replica failed after taking it) the client's 502.
+  UpstreamResult forward_to(int r, const http::Request& request, http::ResponseWriter& out);
   void answer_error(http::ResponseWriter& out, int status, const std::string& replica, const std::string& message);
   void probe_loop(int replica);
   void mark_down(int replica, const std::string& why);

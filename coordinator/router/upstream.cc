@@ -3,7 +3,9 @@
 // deadline (tcp_stream's expiry) and the client's presence are checked.
 #include "coordinator/router/upstream.h"
 
+#include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -26,16 +28,25 @@ constexpr size_t kRelayChunkBytes = 16 << 10;
 
 std::string_view view(boost::beast::string_view s) { return {s.data(), s.size()}; }
 
-// Hop-by-hop headers (RFC 9110 section 7.6.1) and those the proxy or the
-// server writes itself.
-bool is_own_header(std::string_view name) {
-  constexpr std::array<std::string_view, 13> names = {
-      "connection", "keep-alive",     "proxy-connection", "transfer-encoding", "te",   "trailer", "upgrade",
-      "host",       "content-length", "expect",           "content-type",      "date", "server"};
-  for (std::string_view own : names) {
-    if (beast::iequals(boost::beast::string_view(name.data(), name.size()), boost::beast::string_view(own.data(), own.size()))) return true;
+bool is_one_of(std::string_view name, std::initializer_list<std::string_view> names) {
+  const boost::beast::string_view n(name.data(), name.size());
+  for (std::string_view candidate : names) {
+    if (beast::iequals(n, boost::beast::string_view(candidate.data(), candidate.size()))) return true;
   }
   return false;
+}
+
+// Hop-by-hop headers (RFC 9110 section 7.6.1), and those the proxy sets on
+// the message it sends (Host, the body's length), in either direction.
+bool is_hop_header(std::string_view name) {
+  return is_one_of(name, {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+                          "upgrade", "host", "content-length", "expect"});
+}
+
+// Of a replica's answer, what the client gets besides the status, the
+// content type (passed on its own) and what the router's server writes.
+bool is_relayed_response_header(std::string_view name) {
+  return !is_hop_header(name) && !is_one_of(name, {"content-type", "date", "server"});
 }
 
 class Exchange {
@@ -88,7 +99,7 @@ bhttp::request<bhttp::string_body> upstream_request(const http::Request& in, con
   req.target(in.query.empty() ? in.path : in.path + "?" + in.query);
   req.version(11);
   for (const auto& [name, value] : in.headers) {
-    if (!is_own_header(name) || name == "content-type") req.insert(name, value);
+    if (!is_hop_header(name)) req.insert(name, value);
   }
   req.set(bhttp::field::host, host + ":" + std::to_string(port));
   req.set(bhttp::field::connection, "close");
@@ -104,6 +115,7 @@ UpstreamOutcome relay_stream(Exchange& x, bhttp::response_parser<bhttp::buffer_b
                              const std::function<std::string(const std::string&)>& stream_error) {
   UpstreamOutcome outcome{UpstreamResult::kAnswered, int(parser.get().result_int()), ""};
   std::array<char, kRelayChunkBytes> piece;
+  std::string tail;  // the last two bytes relayed: whether an SSE event was cut short
   while (!parser.is_done()) {
     parser.get().body().data = piece.data();
     parser.get().body().size = piece.size();
@@ -114,9 +126,13 @@ UpstreamOutcome relay_stream(Exchange& x, bhttp::response_parser<bhttp::buffer_b
     if (ec == bhttp::error::need_buffer) ec = {};
     const size_t n = piece.size() - parser.get().body().size;
     if (n > 0 && !out.write_chunk(std::string_view(piece.data(), n))) x.client_gone = true;
+    tail = (tail + std::string(piece.data() + n - std::min<size_t>(n, 2), std::min<size_t>(n, 2)));
+    if (tail.size() > 2) tail.erase(0, tail.size() - 2);
     if (x.client_gone) return {UpstreamResult::kClientGone, outcome.status, "the client went away"};
     if (ec) {
       outcome = {UpstreamResult::kFailedMidStream, outcome.status, "the replica's stream broke: " + ec.message()};
+      // End a half-relayed event first, so the error is an event of its own.
+      if (!tail.empty() && tail != "\n\n") out.write_chunk("\n\n");
       if (stream_error) out.write_chunk(stream_error(outcome.error));
       out.end_stream();
       return outcome;
@@ -138,24 +154,32 @@ UpstreamOutcome forward_request(const std::string& host, uint16_t port, const ht
     return outcome;
   }
   bhttp::request<bhttp::string_body> req = upstream_request(request, host, port);
-  beast::error_code ec = x.run(options.connect_timeout + options.read_timeout / 100, [&](auto handler) {
+  const beast::error_code sent = x.run(options.connect_timeout, [&](auto handler) {
     bhttp::async_write(x.stream, req, handler);
   });
   if (x.client_gone) return {UpstreamResult::kClientGone, 0, "the client went away"};
-  if (ec) return {UpstreamResult::kNotDelivered, 0, "sending to the replica failed: " + ec.message()};
 
   bhttp::response_parser<bhttp::buffer_body> parser;
   // Boost 1.74 compares a Content-Length with an unset limit as if it were exceeded: set the largest one.
   parser.body_limit(std::numeric_limits<std::uint64_t>::max());
-  ec = x.run(options.read_timeout, [&](auto handler) { bhttp::async_read_header(x.stream, x.buffer, parser, handler); });
+  if (request.method == "HEAD") parser.skip(true);  // its Content-Length announces no body
+  // After a failed send, a replica may still have answered (refusing the
+  // request from its header, say): relay that; if there is none, the
+  // replica never had the whole request.
+  const beast::error_code read = x.run(sent ? options.connect_timeout : options.read_timeout, [&](auto handler) {
+    bhttp::async_read_header(x.stream, x.buffer, parser, handler);
+  });
   if (x.client_gone) return {UpstreamResult::kClientGone, 0, "the client went away"};
-  if (ec) return {UpstreamResult::kFailedBeforeAnswer, 0, "the replica failed before answering: " + ec.message()};
+  if (read && sent) return {UpstreamResult::kNotDelivered, 0, "sending to the replica failed: " + sent.message()};
+  if (read) return {UpstreamResult::kFailedBeforeAnswer, 0, "the replica failed before answering: " + read.message()};
 
   const auto& head = parser.get();
   const int status = int(head.result_int());
   http::Headers extra = added;
   for (const auto& field : head) {
-    if (!is_own_header(view(field.name_string()))) extra.emplace_back(view(field.name_string()), view(field.value()));
+    if (is_relayed_response_header(view(field.name_string()))) {
+      extra.emplace_back(view(field.name_string()), view(field.value()));
+    }
   }
   const std::string content_type(view(head[bhttp::field::content_type]));
   if (parser.chunked()) {
@@ -167,7 +191,7 @@ UpstreamOutcome forward_request(const std::string& host, uint16_t port, const ht
   while (!parser.is_done()) {
     parser.get().body().data = piece.data();
     parser.get().body().size = piece.size();
-    ec = x.run(options.read_timeout, [&](auto handler) { bhttp::async_read(x.stream, x.buffer, parser, handler); });
+    beast::error_code ec = x.run(options.read_timeout, [&](auto handler) { bhttp::async_read(x.stream, x.buffer, parser, handler); });
     if (ec == bhttp::error::need_buffer) ec = {};
     body.append(piece.data(), piece.size() - parser.get().body().size);
     if (x.client_gone) return {UpstreamResult::kClientGone, status, "the client went away"};

@@ -1,9 +1,10 @@
 // One request forwarded to a replica over HTTP/1.1, its answer relayed to the
 // client as it arrives: a chunked (streamed) answer chunk by chunk, a whole
 // one whole. Each request opens its own connection, so a replica's failure
-// touches only the requests on it. Every wait has a deadline, and the
-// client's going away is checked while waiting, which closes the replica
-// connection so the replica cancels the generation.
+// touches only the requests on it. Every network wait has a deadline (the
+// name lookup is the system resolver's), and the client's going away is
+// checked while waiting, which closes the replica connection so the replica
+// cancels the generation.
 #pragma once
 
 #include <chrono>
@@ -16,7 +17,7 @@
 namespace lazykv::router {
 
 struct UpstreamOptions {
-  std::chrono::milliseconds connect_timeout{2'000};
+  std::chrono::milliseconds connect_timeout{2'000};  // to connect, and again to send the request
   // Longest silence from the replica once the request is sent (a whole
   // answer is silent until the generation ends).
   std::chrono::milliseconds read_timeout{600'000};

@@ -135,7 +135,15 @@ if [ "$replicas" = 1 ]; then
   start_group 0 "$http_port"
   url=$group_url
 else
-  router_flags=()
+  # A slot per sequence of a group's batch: nothing queues inside a group that may die.
+  max_batch=32
+  for ((i = 0; i < ${#extra[@]}; i++)); do
+    case ${extra[$i]} in
+      --max-batch) max_batch=${extra[$((i + 1))]:-32} ;;
+      --max-batch=*) max_batch=${extra[$i]#--max-batch=} ;;
+    esac
+  done
+  router_flags=(--max-requests-per-replica "$max_batch")
   for ((g = 0; g < replicas; g++)); do
     start_group "$g" 0
     router_flags+=(--replica "${group_url#http://}")

@@ -17,7 +17,7 @@ import urllib.request
 
 
 def prefix_text(p):
-    # ~330 bytes, distinct from the first character on, so prefixes share no block.
+    # 348-368 bytes, distinct from the first characters on, so prefixes share no block.
     words = " ".join(f"fact{p}-{i} is worth {(p * 31 + i * 7) % 97}." for i in range(16))
     return f"Context {p}: {words}"
 

@@ -26,6 +26,17 @@ RouteRequest request_of(char prompt, int64_t tokens) {
   return {prefix_keys("m", std::string(2 * kPrefixBlockBytes, prompt)), tokens, {}};
 }
 
+// Waits (up to 10 s) until `n` requests wait in `set`: a request's thread has
+// queued it, so what follows happens while it waits.
+bool waiting_becomes(const ReplicaSet& set, size_t n) {
+  const auto deadline = Clock::now() + 10s;
+  while (set.waiting() != n) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
 // The replica a request gets at once (-1 when it would have to wait).
 int acquire_now(ReplicaSet& set, const RouteRequest& r) {
   const auto got = set.acquire(r, Clock::now(), nullptr);
@@ -104,24 +115,45 @@ TEST(ReplicaSet, ASpillOverDoesNotMoveThePrefixHome) {
 }
 
 TEST(ReplicaSet, AFreedSlotGoesFirstToARequestWhoseHomeItIs) {
-  ReplicaSet set({"a", "b"}, options_with(1, /*affinity_wait=*/0ms, /*slack_tokens=*/1'000'000));
+  ReplicaSet set({"a", "b"}, options_with(1, /*affinity_wait=*/10s, /*slack_tokens=*/1'000'000));
   set.set_up(0, true);
   set.set_up(1, true);
   const int p_home = acquire_now(set, request_of('p', 10));
   const int q_home = acquire_now(set, request_of('q', 10));
   ASSERT_EQ(q_home, 1 - p_home);
   // Both full. A request with no home waits first, then one whose home is p's replica.
-  auto stranger = std::async(std::launch::async, [&] { return set.acquire(request_of('s', 10), Clock::now() + 10s, nullptr); });
-  ASSERT_EQ(stranger.wait_for(50ms), std::future_status::timeout);
-  auto at_home = std::async(std::launch::async, [&] { return set.acquire(request_of('p', 10), Clock::now() + 10s, nullptr); });
-  ASSERT_EQ(at_home.wait_for(50ms), std::future_status::timeout);
+  auto stranger = std::async(std::launch::async, [&] { return set.acquire(request_of('s', 10), Clock::now() + 20s, nullptr); });
+  ASSERT_TRUE(waiting_becomes(set, 1));
+  auto at_home = std::async(std::launch::async, [&] { return set.acquire(request_of('p', 10), Clock::now() + 20s, nullptr); });
+  ASSERT_TRUE(waiting_becomes(set, 2));
   set.release(p_home, 10);
   const auto got = at_home.get();
   ASSERT_TRUE(got.assignment);
   EXPECT_EQ(got.assignment->replica, p_home);
-  EXPECT_EQ(stranger.wait_for(50ms), std::future_status::timeout);  // still waiting
+  EXPECT_EQ(set.waiting(), 1u);  // the stranger still waits
   set.release(q_home, 10);
-  EXPECT_EQ(stranger.get().assignment->replica, q_home);
+  const auto stranger_got = stranger.get();
+  ASSERT_TRUE(stranger_got.assignment);
+  EXPECT_EQ(stranger_got.assignment->replica, q_home);
+}
+
+TEST(ReplicaSet, ARequestWithoutAPrefixIsNotPassedOverPastAffinityWait) {
+  ReplicaSet set({"a", "b"}, options_with(1, /*affinity_wait=*/100ms, /*slack_tokens=*/1'000'000));
+  set.set_up(0, true);
+  set.set_up(1, true);
+  const int p_home = acquire_now(set, request_of('p', 10));
+  ASSERT_EQ(acquire_now(set, request_of('q', 10)), 1 - p_home);
+  auto stranger = std::async(std::launch::async, [&] { return set.acquire(request_of('s', 10), Clock::now() + 20s, nullptr); });
+  ASSERT_TRUE(waiting_becomes(set, 1));
+  std::this_thread::sleep_for(150ms);  // past affinity_wait: the stranger's turn comes before later arrivals
+  auto at_home = std::async(std::launch::async, [&] { return set.acquire(request_of('p', 10), Clock::now() + 20s, nullptr); });
+  ASSERT_TRUE(waiting_becomes(set, 2));
+  set.release(p_home, 10);
+  const auto stranger_got = stranger.get();
+  ASSERT_TRUE(stranger_got.assignment);
+  EXPECT_EQ(stranger_got.assignment->replica, p_home);
+  set.release(1 - p_home, 10);
+  EXPECT_TRUE(at_home.get().assignment);  // then it spills over (its hold-out ran out too)
 }
 
 TEST(ReplicaSet, AFreedSlotGoesToTheWaitingRequest) {
@@ -129,7 +161,7 @@ TEST(ReplicaSet, AFreedSlotGoesToTheWaitingRequest) {
   set.set_up(0, true);
   ASSERT_EQ(acquire_now(set, request_of('x', 10)), 0);
   auto waiter = std::async(std::launch::async, [&] { return set.acquire(request_of('y', 20), Clock::now() + 10s, nullptr); });
-  ASSERT_EQ(waiter.wait_for(100ms), std::future_status::timeout);
+  ASSERT_TRUE(waiting_becomes(set, 1));
   EXPECT_EQ(set.waiting(), 1u);
   set.release(0, 10);
   const auto got = waiter.get();
@@ -143,7 +175,7 @@ TEST(ReplicaSet, WaitingRequestsMoveToAnotherReplicaWhenTheirsGoesDown) {
   set.set_up(0, true);
   ASSERT_EQ(acquire_now(set, request_of('x', 10)), 0);
   auto waiter = std::async(std::launch::async, [&] { return set.acquire(request_of('y', 10), Clock::now() + 10s, nullptr); });
-  ASSERT_EQ(waiter.wait_for(100ms), std::future_status::timeout);
+  ASSERT_TRUE(waiting_becomes(set, 1));
   set.set_up(1, true);
   set.set_up(0, false);
   const auto got = waiter.get();
@@ -156,7 +188,7 @@ TEST(ReplicaSet, WaitingRequestsFailWhenTheLastReplicaGoesDown) {
   set.set_up(0, true);
   ASSERT_EQ(acquire_now(set, request_of('x', 10)), 0);
   auto waiter = std::async(std::launch::async, [&] { return set.acquire(request_of('y', 10), Clock::now() + 10s, nullptr); });
-  ASSERT_EQ(waiter.wait_for(100ms), std::future_status::timeout);
+  ASSERT_TRUE(waiting_becomes(set, 1));
   set.set_up(0, false);
   const auto got = waiter.get();
   ASSERT_FALSE(got.assignment);
@@ -174,7 +206,21 @@ TEST(ReplicaSet, ExcludedReplicasAreSkipped) {
   retry.excluded = {0, 1};
   const auto got = set.acquire(retry, Clock::now() + 1s, nullptr);
   ASSERT_FALSE(got.assignment);
-  EXPECT_EQ(got.failure, AcquireFailure::kNoReplicaUp);
+  EXPECT_EQ(got.failure, AcquireFailure::kEveryReplicaFailed);
+  EXPECT_EQ(set.lightest_up({0}), 1);
+  EXPECT_EQ(set.lightest_up({0, 1}), -1);
+}
+
+TEST(ReplicaSet, AProbeThatBeganBeforeAFailureDoesNotBringTheReplicaBack) {
+  ReplicaSet set({"a"}, options_with(1));
+  const auto probe_began = Clock::now();
+  ASSERT_TRUE(set.set_up(0, true, probe_began));
+  std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(set.set_up(0, false));                // a connection failed
+  EXPECT_FALSE(set.set_up(0, true, probe_began));  // that probe's 200 came from before the failure
+  EXPECT_FALSE(set.any_up());
+  EXPECT_TRUE(set.set_up(0, true, Clock::now()));  // a probe begun after it counts
+  EXPECT_TRUE(set.any_up());
 }
 
 TEST(ReplicaSet, TheQueueBoundAndTheDeadlineAndCancellationEndAWait) {
@@ -193,7 +239,7 @@ TEST(ReplicaSet, TheQueueBoundAndTheDeadlineAndCancellationEndAWait) {
   auto waiter = std::async(std::launch::async, [&] {
     return timed.acquire(request_of('z', 10), Clock::now() + 10s, [&] { return gone.load(); });
   });
-  ASSERT_EQ(waiter.wait_for(50ms), std::future_status::timeout);
+  ASSERT_TRUE(waiting_becomes(timed, 1));
   gone = true;
   EXPECT_EQ(waiter.get().failure, AcquireFailure::kCancelled);
   EXPECT_EQ(timed.waiting(), 0u);
