@@ -18,6 +18,7 @@ KvCache::KvCache(const KvCacheConfig& config)
   // Chunk pointers never move, so page pointers may be read while another
   // head takes a page (reserve_head runs concurrently across heads).
   chunks_.reserve(kMaxChunks);
+  references_.reserve(kMaxChunks);
   written_flags_.reserve(kMaxChunks);
 }
 
@@ -100,6 +101,7 @@ int32_t KvCache::take_page_locked() {
     // minutes as decode first touches pages the pool already held, and no
     // page faults land inside the attention kernels.
     chunks_.push_back(std::make_unique<uint8_t[]>(page_bytes_ * kPagesPerChunk));
+    references_.push_back(std::make_unique<std::atomic<int32_t>[]>(kPagesPerChunk));  // zeroed
     written_flags_.push_back(std::make_unique<std::atomic<uint8_t>[]>(kPagesPerChunk));  // zeroed
     pool_pages_ += kPagesPerChunk;
     for (int32_t p = int32_t(pool_pages_) - 1; p >= first; --p) free_pages_.push_back(p);
@@ -107,13 +109,79 @@ int32_t KvCache::take_page_locked() {
   const int32_t page = free_pages_.back();
   free_pages_.pop_back();
   ++pages_in_use_;
+  references(page).store(1, std::memory_order_relaxed);
   return page;
 }
 
+std::atomic<int32_t>& KvCache::references(int32_t page) const {
+  return references_[size_t(page) / kPagesPerChunk][size_t(page) % kPagesPerChunk];
+}
+
+bool KvCache::is_shared(int32_t page) const { return references(page).load(std::memory_order_acquire) > 1; }
+
+int32_t KvCache::page_references(int32_t page) const {
+  if (page < 0 || size_t(page) >= pool_pages_) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: page " + std::to_string(page) + " is not in the pool");
+  }
+  return references(page).load(std::memory_order_acquire);
+}
+
 void KvCache::give_page(int32_t page) {
+  // A holder that copied this page did so before dropping its reference
+  // (acq_rel), so whoever sees the count reach 1 or 0 sees the copy done.
+  if (references(page).fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   std::lock_guard<std::mutex> lock(pool_mutex_);
   free_pages_.push_back(page);
   --pages_in_use_;
+}
+
+void KvCache::retain_pages(std::span<const int32_t> pages) {
+  for (int32_t p : pages) {
+    if (page_references(p) < 1) throw Error(ErrorCode::kInternal, "kv cache: retain of a free page");
+    references(p).fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void KvCache::release_pages(std::span<const int32_t> pages) {
+  for (int32_t p : pages) give_page(p);
+}
+
+void KvCache::make_private(HeadTable& h, size_t index) {
+  const int32_t shared = h.pages[index];
+  if (!is_shared(shared)) return;
+  const int32_t copy = take_page();
+  std::memcpy(page_keys(copy), page_keys(shared), page_bytes_);
+  give_page(shared);
+  h.pages[index] = copy;
+  h.key_ptrs[index] = page_keys(copy);
+  h.value_ptrs[index] = page_values(copy);
+  mark_written(copy);
+}
+
+int32_t KvCache::shared_tail(const HeadTable& h) const {
+  const size_t slots = h.positions.size();
+  if (slots % config_.page_slots == 0) return -1;  // the next append starts a page of its own
+  const int32_t tail = h.pages[slots / config_.page_slots];
+  return is_shared(tail) ? tail : -1;
+}
+
+void KvCache::adopt_pages(SeqId seq, int layer, int kv_head, std::span<const int32_t> pages) {
+  HeadTable& h = head(seq, layer, kv_head);
+  if (!h.pages.empty() || !h.positions.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: pages adopted into a head that holds slots already");
+  }
+  retain_pages(pages);
+  for (int32_t p : pages) {
+    h.pages.push_back(p);
+    h.key_ptrs.push_back(page_keys(p));
+    h.value_ptrs.push_back(page_values(p));
+  }
+  const int32_t n = int32_t(pages.size()) * config_.page_slots;
+  h.positions.resize(size_t(n));
+  for (int32_t s = 0; s < n; ++s) h.positions[size_t(s)] = s;
+  for (int32_t seen = h.max_position->load(std::memory_order_relaxed);
+       n - 1 > seen && !h.max_position->compare_exchange_weak(seen, n - 1, std::memory_order_relaxed);) {
+  }
 }
 
 void KvCache::track_written_pages() { track_written_ = true; }
@@ -153,6 +221,7 @@ void KvCache::reserve(SeqId seq, int n_new) {
     const size_t slots = h.positions.size() + size_t(n_new);
     const size_t pages = (slots + config_.page_slots - 1) / config_.page_slots;
     if (pages > h.pages.size()) needed += pages - h.pages.size();
+    if (n_new > 0 && shared_tail(h) >= 0) ++needed;  // its private copy
   }
   if (config_.capacity_bytes != 0 && (pages_in_use_ + needed) * page_bytes_ > config_.capacity_bytes) {
     throw Error(ErrorCode::kOutOfMemory,
@@ -162,6 +231,7 @@ void KvCache::reserve(SeqId seq, int n_new) {
   }
   for (HeadTable& h : it->second.heads) {
     const size_t slots = h.positions.size() + size_t(n_new);
+    if (n_new > 0 && shared_tail(h) >= 0) make_private(h, h.positions.size() / config_.page_slots);
     while (h.pages.size() * config_.page_slots < slots) {
       const int32_t p = take_page();
       h.pages.push_back(p);
@@ -176,8 +246,9 @@ bool KvCache::reserve_head(SeqId seq, int layer, int kv_head, int n_new) {
   HeadTable& h = head(seq, layer, kv_head);
   const size_t slots = h.positions.size() + size_t(std::max(n_new, 0));
   const size_t pages = (slots + config_.page_slots - 1) / config_.page_slots;
-  if (pages <= h.pages.size()) return true;
-  const size_t needed = pages - h.pages.size();
+  const bool copy_tail = n_new > 0 && shared_tail(h) >= 0;
+  if (pages <= h.pages.size() && !copy_tail) return true;
+  const size_t needed = (pages > h.pages.size() ? pages - h.pages.size() : 0) + (copy_tail ? 1 : 0);
   std::vector<int32_t> taken;
   {
     // Check and take under one lock: heads reserving at once never overshoot.
@@ -188,6 +259,17 @@ bool KvCache::reserve_head(SeqId seq, int layer, int kv_head, int n_new) {
                                      : 0;
     if (chunks_.size() + chunks_needed > chunks_.capacity()) return false;
     while (taken.size() < needed) taken.push_back(take_page_locked());
+  }
+  if (copy_tail) {  // the taken page becomes the tail's private copy
+    const size_t index = h.positions.size() / config_.page_slots;
+    const int32_t copy = taken.back();
+    taken.pop_back();
+    std::memcpy(page_keys(copy), page_keys(h.pages[index]), page_bytes_);
+    give_page(h.pages[index]);
+    h.pages[index] = copy;
+    h.key_ptrs[index] = page_keys(copy);
+    h.value_ptrs[index] = page_values(copy);
+    mark_written(copy);
   }
   for (int32_t p : taken) {
     h.pages.push_back(p);
@@ -225,6 +307,7 @@ int32_t KvCache::append_pending(SeqId seq, int layer, int kv_head, int32_t pos) 
 
 int32_t KvCache::store_slot(const HeadTable& h, int32_t slot, const uint16_t* k, const uint16_t* v) {
   const int32_t page = h.pages[size_t(slot) / config_.page_slots];
+  if (is_shared(page)) throw Error(ErrorCode::kInternal, "kv cache: a write into a shared page (reserve first)");
   const size_t in_page = size_t(slot) % config_.page_slots;
   uint16_t* keys = page_keys(page);  // [head_dim][page_slots]
   for (int d = 0; d < config_.head_dim; ++d) keys[size_t(d) * config_.page_slots + in_page] = k[d];
@@ -289,6 +372,7 @@ void KvCache::compact(SeqId seq, int layer, int kv_head, std::span<const int32_t
     }
     prev = src;
     if (size_t(src) == dst) continue;
+    make_private(h, dst / config_.page_slots);  // no-op unless shared
     const int32_t sp = h.pages[size_t(src) / config_.page_slots];
     const int32_t dp = h.pages[dst / config_.page_slots];
     const size_t si = size_t(src % config_.page_slots);

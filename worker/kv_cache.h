@@ -4,6 +4,14 @@
 // which is what per-head eviction needs. K and V are stored as f16 (keys
 // transposed within a page, see cpu::KvPages); memory is accounted in bytes
 // against a fixed capacity.
+//
+// Pages are reference counted, so sequences can share the pages of a prompt
+// prefix computed once: each slot table holds one reference to each of its
+// pages, and a holder outside (a prefix cache) takes its own. A page goes
+// back to the pool with its last reference and counts once against the
+// capacity. Nothing ever writes into a shared page: compact() and reserve()
+// first give the writing head a private copy (copy on write), so one
+// sequence's eviction or appends never change another's KV.
 #pragma once
 
 #include <atomic>
@@ -86,7 +94,21 @@ class KvCache {
   // Keeps only the slots whose indices are listed (strictly increasing),
   // moving them down in place (order preserved); frees emptied pages. Safe to
   // call concurrently for different heads (eviction runs layers in parallel).
+  // A shared page it writes to is copied first; those copies may take the
+  // cache past its capacity for as long as they live.
   void compact(SeqId seq, int layer, int kv_head, std::span<const int32_t> keep);
+
+  // --- shared pages ---
+  // Fills the empty (layer, cache head) of seq with `pages`, each full
+  // (page_slots slots) and together holding positions 0, 1, ... in slot
+  // order, taking a reference to each: the head then reads as if it had
+  // appended those tokens. Error(kInvalidArgument) if the head is not empty.
+  void adopt_pages(SeqId seq, int layer, int kv_head, std::span<const int32_t> pages);
+  // References held outside the slot tables (a prefix cache's).
+  void retain_pages(std::span<const int32_t> pages);
+  void release_pages(std::span<const int32_t> pages);
+  // References to `page` now (0: free).
+  int32_t page_references(int32_t page) const;
 
   // --- page access, for a mirror of the pool in device memory ---
   // A page is page_bytes() bytes: keys [head_dim][page_slots] f16, then values
@@ -133,7 +155,13 @@ class KvCache {
   const HeadTable& head(SeqId seq, int layer, int kv_head) const;
   int32_t take_page();
   int32_t take_page_locked();  // pool_mutex_ held
-  void give_page(int32_t page);
+  void give_page(int32_t page);  // drops one reference
+  std::atomic<int32_t>& references(int32_t page) const;
+  bool is_shared(int32_t page) const;
+  // Replaces page `index` of h by a private copy when it is shared.
+  void make_private(HeadTable& h, size_t index);
+  // The page that an append to h would write and that is shared, or -1.
+  int32_t shared_tail(const HeadTable& h) const;
   void mark_written(int32_t page);
   int32_t store_slot(const HeadTable& h, int32_t slot, const uint16_t* k, const uint16_t* v);  // returns the page
   uint16_t* page_keys(int32_t page) const;
@@ -144,6 +172,7 @@ class KvCache {
   static constexpr int kPagesPerChunk = 256;
   static constexpr size_t kMaxChunks = 1 << 16;  // chunks_ is reserved to this once
   std::vector<std::unique_ptr<uint8_t[]>> chunks_;  // pool memory, grown on demand
+  std::vector<std::unique_ptr<std::atomic<int32_t>[]>> references_;  // per page, chunked like chunks_
   std::mutex pool_mutex_;  // guards free_pages_, pool growth and pages_in_use_
   std::vector<int32_t> free_pages_;
   size_t pool_pages_ = 0;

@@ -76,6 +76,118 @@ TEST(KvCache, CompactsOneHeadInPlaceAndFreesPages) {
   EXPECT_EQ(key_at(cache, 1, 1, 0, 3), 10);
 }
 
+// A donor's full pages of one (layer, head), adopted by another sequence in
+// every (layer, head): what a prefix cache does with a prompt computed once.
+void adopt_all(KvCache& cache, SeqId donor, SeqId seq, int n_pages) {
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      const auto pages = cache.page_ids(donor, l, h).subspan(0, size_t(n_pages));
+      cache.adopt_pages(seq, l, h, pages);
+    }
+  }
+}
+
+TEST(KvCache, AdoptedPagesAreSharedReadAsAppendedAndLiveUntilTheLastHolderGoes) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 10);  // 3 pages per head, 2 of them full
+  const size_t donor_bytes = cache.bytes_used();
+  cache.add_sequence(2);
+  adopt_all(cache, 1, 2, 2);
+  EXPECT_EQ(cache.bytes_used(), donor_bytes);  // nothing copied
+  EXPECT_EQ(cache.n_slots(2, 1, 1), 8);
+  EXPECT_EQ(cache.max_position(2), 7);
+  for (int s = 0; s < 8; ++s) {
+    EXPECT_EQ(key_at(cache, 2, 1, 1, s), s);
+    EXPECT_EQ(value_at(cache, 2, 0, 1, s), 1000 + s);
+    EXPECT_EQ(cache.positions(2, 1, 1)[size_t(s)], s);
+  }
+  const int32_t shared = cache.page_ids(2, 0, 0)[0];
+  EXPECT_EQ(cache.page_references(shared), 2);
+  cache.remove_sequence(1);  // the donor's last page per head goes; the shared ones stay
+  EXPECT_EQ(cache.bytes_used(), 8 * cache.page_bytes());
+  EXPECT_EQ(key_at(cache, 2, 1, 1, 5), 5);
+  const std::vector<int32_t> held(cache.page_ids(2, 0, 0).begin(), cache.page_ids(2, 0, 0).end());
+  cache.retain_pages(held);  // an outside holder (a prefix cache)
+  cache.remove_sequence(2);
+  EXPECT_EQ(cache.bytes_used(), 2 * cache.page_bytes());
+  EXPECT_EQ(cache.page_references(shared), 1);
+  cache.release_pages(held);
+  EXPECT_EQ(cache.page_references(shared), 0);
+  EXPECT_EQ(cache.bytes_used(), 0u);
+}
+
+TEST(KvCache, CompactingASharedPageCopiesItFirst) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 8);
+  cache.add_sequence(2);
+  adopt_all(cache, 1, 2, 2);
+  const size_t before = cache.bytes_used();
+  const std::vector<int32_t> keep = {1, 3, 4, 6};  // moves rows into page 0, then page 1 is dropped
+  cache.compact(2, 0, 1, keep);
+  for (size_t i = 0; i < keep.size(); ++i) {
+    EXPECT_EQ(key_at(cache, 2, 0, 1, int(i)), keep[i]);
+    EXPECT_EQ(cache.positions(2, 0, 1)[i], keep[i]);
+  }
+  for (int s = 0; s < 8; ++s) EXPECT_EQ(key_at(cache, 1, 0, 1, s), s);  // the donor's rows are untouched
+  EXPECT_EQ(cache.bytes_used(), before + cache.page_bytes());          // one private copy; page 1 stays the donor's
+  EXPECT_EQ(cache.page_references(cache.page_ids(1, 0, 1)[1]), 1);
+}
+
+TEST(KvCache, AppendingAfterASharedPartialTailCopiesItInReserve) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 8);
+  cache.add_sequence(2);
+  adopt_all(cache, 1, 2, 2);
+  const std::vector<int32_t> first_six = {0, 1, 2, 3, 4, 5};  // moves nothing: page 1 stays shared, part full
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) cache.compact(2, l, h, first_six);
+  }
+  const size_t before = cache.bytes_used();
+  append_tokens(cache, 2, 100, 1);  // slot 6, in the shared page
+  EXPECT_EQ(cache.bytes_used(), before + 4 * cache.page_bytes());  // a private tail per (layer, head)
+  EXPECT_EQ(key_at(cache, 2, 1, 0, 6), 100);
+  EXPECT_EQ(key_at(cache, 2, 1, 0, 5), 5);
+  EXPECT_EQ(key_at(cache, 1, 1, 0, 6), 6);  // the donor still reads its own token 6
+  // One head alone (reserve_head), as promotion does.
+  cache.add_sequence(3);
+  adopt_all(cache, 1, 3, 2);
+  cache.compact(3, 0, 0, first_six);
+  ASSERT_TRUE(cache.reserve_head(3, 0, 0, 1));
+  const auto k = row(200);
+  cache.append(3, 0, 0, 200, k.data(), k.data());
+  EXPECT_EQ(key_at(cache, 3, 0, 0, 6), 200);
+  EXPECT_EQ(key_at(cache, 1, 0, 0, 6), 6);
+}
+
+TEST(KvCache, TheCopyOfASharedTailCountsAgainstTheCapacity) {
+  KvCache cache(small_config(/*capacity=*/8 * 128));  // 8 pages
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 8);  // all 8 pages
+  cache.add_sequence(2);
+  adopt_all(cache, 1, 2, 2);
+  const std::vector<int32_t> first_six = {0, 1, 2, 3, 4, 5};
+  cache.compact(2, 0, 0, first_six);
+  EXPECT_THROW(cache.reserve(2, 1), Error);  // the copy does not fit
+  EXPECT_FALSE(cache.reserve_head(2, 0, 0, 1));
+  EXPECT_EQ(cache.page_references(cache.page_ids(2, 0, 0)[1]), 2);  // unchanged
+  EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
+}
+
+TEST(KvCache, AWriteIntoASharedPageWithoutReserveIsRefused) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 4);
+  cache.add_sequence(2);
+  adopt_all(cache, 1, 2, 1);
+  const auto k = row(9);
+  EXPECT_THROW(cache.write_slot(2, 0, 0, 2, k.data(), k.data()), Error);
+  EXPECT_EQ(key_at(cache, 1, 0, 0, 2), 2);
+  EXPECT_THROW(cache.adopt_pages(2, 0, 0, cache.page_ids(1, 0, 0)), Error);  // the head holds slots already
+}
+
 TEST(KvCache, RejectsBadCompactIndices) {
   KvCache cache(small_config());
   cache.add_sequence(1);
