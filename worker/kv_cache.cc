@@ -136,10 +136,34 @@ void KvCache::give_page(int32_t page) {
 }
 
 void KvCache::retain_pages(std::span<const int32_t> pages) {
-  for (int32_t p : pages) {
+  for (int32_t p : pages) {  // all checked before any is taken
     if (page_references(p) < 1) throw Error(ErrorCode::kInternal, "kv cache: retain of a free page");
-    references(p).fetch_add(1, std::memory_order_relaxed);
   }
+  for (int32_t p : pages) references(p).fetch_add(1, std::memory_order_relaxed);
+}
+
+bool KvCache::drop_shared_reference(int32_t page) {
+  std::atomic<int32_t>& refs = references(page);
+  for (int32_t n = refs.load(std::memory_order_acquire); n > 1;) {
+    if (refs.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+void KvCache::replace_with_copy(HeadTable& h, size_t index, int32_t copy) {
+  const int32_t shared = h.pages[index];
+  std::memcpy(page_keys(copy), page_keys(shared), page_bytes_);
+  // The other holders may have copied and let go meanwhile: then the page is
+  // this head's alone, and the copy goes back (the pool's use does not hang
+  // on which head copied first).
+  if (!drop_shared_reference(shared)) {
+    give_page(copy);
+    return;
+  }
+  h.pages[index] = copy;
+  h.key_ptrs[index] = page_keys(copy);
+  h.value_ptrs[index] = page_values(copy);
+  mark_written(copy);
 }
 
 void KvCache::release_pages(std::span<const int32_t> pages) {
@@ -147,15 +171,7 @@ void KvCache::release_pages(std::span<const int32_t> pages) {
 }
 
 void KvCache::make_private(HeadTable& h, size_t index) {
-  const int32_t shared = h.pages[index];
-  if (!is_shared(shared)) return;
-  const int32_t copy = take_page();
-  std::memcpy(page_keys(copy), page_keys(shared), page_bytes_);
-  give_page(shared);
-  h.pages[index] = copy;
-  h.key_ptrs[index] = page_keys(copy);
-  h.value_ptrs[index] = page_values(copy);
-  mark_written(copy);
+  if (is_shared(h.pages[index])) replace_with_copy(h, index, take_page());
 }
 
 int32_t KvCache::shared_tail(const HeadTable& h) const {
@@ -226,7 +242,8 @@ void KvCache::reserve(SeqId seq, int n_new) {
   if (config_.capacity_bytes != 0 && (pages_in_use_ + needed) * page_bytes_ > config_.capacity_bytes) {
     throw Error(ErrorCode::kOutOfMemory,
                 "kv cache: " + std::to_string(needed * page_bytes_) + " more bytes needed, " +
-                    std::to_string(config_.capacity_bytes - pages_in_use_ * page_bytes_) + " of " +
+                    std::to_string(config_.capacity_bytes - std::min(config_.capacity_bytes, pages_in_use_ * page_bytes_)) +
+                    " of " +
                     std::to_string(config_.capacity_bytes) + " free");
   }
   for (HeadTable& h : it->second.heads) {
@@ -260,16 +277,10 @@ bool KvCache::reserve_head(SeqId seq, int layer, int kv_head, int n_new) {
     if (chunks_.size() + chunks_needed > chunks_.capacity()) return false;
     while (taken.size() < needed) taken.push_back(take_page_locked());
   }
-  if (copy_tail) {  // the taken page becomes the tail's private copy
-    const size_t index = h.positions.size() / config_.page_slots;
+  if (copy_tail) {  // the last page taken becomes the tail's private copy
     const int32_t copy = taken.back();
     taken.pop_back();
-    std::memcpy(page_keys(copy), page_keys(h.pages[index]), page_bytes_);
-    give_page(h.pages[index]);
-    h.pages[index] = copy;
-    h.key_ptrs[index] = page_keys(copy);
-    h.value_ptrs[index] = page_values(copy);
-    mark_written(copy);
+    replace_with_copy(h, h.positions.size() / config_.page_slots, copy);
   }
   for (int32_t p : taken) {
     h.pages.push_back(p);
@@ -298,6 +309,10 @@ int32_t KvCache::append_pending(SeqId seq, int layer, int kv_head, int32_t pos) 
   if (slot >= h.pages.size() * config_.page_slots) {
     throw Error(ErrorCode::kInternal, "kv cache: append without reserve");
   }
+  // Before anything is written (a device mirror writes the row itself).
+  if (is_shared(h.pages[slot / config_.page_slots])) {
+    throw Error(ErrorCode::kInternal, "kv cache: an append into a shared page (reserve first)");
+  }
   h.positions.push_back(pos);
   for (int32_t seen = h.max_position->load(std::memory_order_relaxed);
        pos > seen && !h.max_position->compare_exchange_weak(seen, pos, std::memory_order_relaxed);) {
@@ -307,7 +322,6 @@ int32_t KvCache::append_pending(SeqId seq, int layer, int kv_head, int32_t pos) 
 
 int32_t KvCache::store_slot(const HeadTable& h, int32_t slot, const uint16_t* k, const uint16_t* v) {
   const int32_t page = h.pages[size_t(slot) / config_.page_slots];
-  if (is_shared(page)) throw Error(ErrorCode::kInternal, "kv cache: a write into a shared page (reserve first)");
   const size_t in_page = size_t(slot) % config_.page_slots;
   uint16_t* keys = page_keys(page);  // [head_dim][page_slots]
   for (int d = 0; d < config_.head_dim; ++d) keys[size_t(d) * config_.page_slots + in_page] = k[d];
@@ -324,6 +338,9 @@ void KvCache::write_slot(SeqId seq, int layer, int kv_head, int32_t slot, const 
   const HeadTable& h = head(seq, layer, kv_head);
   if (slot < 0 || size_t(slot) >= h.positions.size()) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: write_slot past the head's slots");
+  }
+  if (is_shared(h.pages[size_t(slot) / config_.page_slots])) {
+    throw Error(ErrorCode::kInternal, "kv cache: a write into a shared page");
   }
   store_slot(h, slot, k, v);
 }
@@ -364,15 +381,25 @@ void KvCache::compact(SeqId seq, int layer, int kv_head, std::span<const int32_t
   HeadTable& h = head(seq, layer, kv_head);
   const int32_t n = int32_t(h.positions.size());
   const size_t row = size_t(config_.head_dim);
+  // First the checks and the copies of shared pages that rows will move
+  // into, so that a failure (bad indices, no memory) leaves the head as it was.
   int32_t prev = -1;
+  size_t first_move = keep.size();
   for (size_t dst = 0; dst < keep.size(); ++dst) {
-    const int32_t src = keep[dst];
-    if (src <= prev || src >= n) {
+    if (keep[dst] <= prev || keep[dst] >= n) {
       throw Error(ErrorCode::kInternal, "kv cache: compact indices must be increasing and in range");
     }
-    prev = src;
+    prev = keep[dst];
+    if (first_move == keep.size() && size_t(keep[dst]) != dst) first_move = dst;
+  }
+  if (first_move < keep.size()) {
+    for (size_t page = first_move / config_.page_slots; page <= (keep.size() - 1) / config_.page_slots; ++page) {
+      make_private(h, page);  // no-op unless shared
+    }
+  }
+  for (size_t dst = first_move; dst < keep.size(); ++dst) {
+    const int32_t src = keep[dst];
     if (size_t(src) == dst) continue;
-    make_private(h, dst / config_.page_slots);  // no-op unless shared
     const int32_t sp = h.pages[size_t(src) / config_.page_slots];
     const int32_t dp = h.pages[dst / config_.page_slots];
     const size_t si = size_t(src % config_.page_slots);

@@ -160,6 +160,11 @@ class KvCache {
   bool is_shared(int32_t page) const;
   // Replaces page `index` of h by a private copy when it is shared.
   void make_private(HeadTable& h, size_t index);
+  // Fills `copy` from page `index` of h and puts it there, unless the other
+  // holders let go meanwhile (then `copy` goes back to the pool).
+  void replace_with_copy(HeadTable& h, size_t index, int32_t copy);
+  // Drops one reference unless it is the last; false (nothing changed) then.
+  bool drop_shared_reference(int32_t page);
   // The page that an append to h would write and that is shared, or -1.
   int32_t shared_tail(const HeadTable& h) const;
   void mark_written(int32_t page);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -87,6 +88,16 @@ void adopt_all(KvCache& cache, SeqId donor, SeqId seq, int n_pages) {
   }
 }
 
+// Sequence 1 appends 8 tokens (2 full pages per head); `sharers` adopt them all.
+void share_two_pages(KvCache& cache, std::initializer_list<SeqId> sharers) {
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 8);
+  for (SeqId s : sharers) {
+    cache.add_sequence(s);
+    adopt_all(cache, 1, s, 2);
+  }
+}
+
 TEST(KvCache, AdoptedPagesAreSharedReadAsAppendedAndLiveUntilTheLastHolderGoes) {
   KvCache cache(small_config());
   cache.add_sequence(1);
@@ -119,10 +130,7 @@ TEST(KvCache, AdoptedPagesAreSharedReadAsAppendedAndLiveUntilTheLastHolderGoes) 
 
 TEST(KvCache, CompactingASharedPageCopiesItFirst) {
   KvCache cache(small_config());
-  cache.add_sequence(1);
-  append_tokens(cache, 1, 0, 8);
-  cache.add_sequence(2);
-  adopt_all(cache, 1, 2, 2);
+  share_two_pages(cache, {2});
   const size_t before = cache.bytes_used();
   const std::vector<int32_t> keep = {1, 3, 4, 6};  // moves rows into page 0, then page 1 is dropped
   cache.compact(2, 0, 1, keep);
@@ -137,10 +145,7 @@ TEST(KvCache, CompactingASharedPageCopiesItFirst) {
 
 TEST(KvCache, AppendingAfterASharedPartialTailCopiesItInReserve) {
   KvCache cache(small_config());
-  cache.add_sequence(1);
-  append_tokens(cache, 1, 0, 8);
-  cache.add_sequence(2);
-  adopt_all(cache, 1, 2, 2);
+  share_two_pages(cache, {2});
   const std::vector<int32_t> first_six = {0, 1, 2, 3, 4, 5};  // moves nothing: page 1 stays shared, part full
   for (int l = 0; l < 2; ++l) {
     for (int h = 0; h < 2; ++h) cache.compact(2, l, h, first_six);
@@ -164,16 +169,84 @@ TEST(KvCache, AppendingAfterASharedPartialTailCopiesItInReserve) {
 
 TEST(KvCache, TheCopyOfASharedTailCountsAgainstTheCapacity) {
   KvCache cache(small_config(/*capacity=*/8 * 128));  // 8 pages
-  cache.add_sequence(1);
-  append_tokens(cache, 1, 0, 8);  // all 8 pages
-  cache.add_sequence(2);
-  adopt_all(cache, 1, 2, 2);
+  share_two_pages(cache, {2});  // all 8 pages
   const std::vector<int32_t> first_six = {0, 1, 2, 3, 4, 5};
-  cache.compact(2, 0, 0, first_six);
-  EXPECT_THROW(cache.reserve(2, 1), Error);  // the copy does not fit
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) cache.compact(2, l, h, first_six);  // moves nothing: every tail shared, part full
+  }
+  // A 7th slot fits the pages each head has; only the 4 tail copies need memory, and there is none.
+  EXPECT_THROW(cache.reserve(2, 1), Error);
   EXPECT_FALSE(cache.reserve_head(2, 0, 0, 1));
   EXPECT_EQ(cache.page_references(cache.page_ids(2, 0, 0)[1]), 2);  // unchanged
   EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
+  cache.remove_sequence(1);  // now the tails are sequence 2's alone: no copy needed
+  cache.reserve(2, 1);
+  EXPECT_EQ(cache.bytes_used(), cache.capacity_bytes());
+}
+
+TEST(KvCache, ACopyIsRecordedAsWrittenForTheMirrorAndTheSharedPageIsNot) {
+  KvCache cache(small_config());
+  share_two_pages(cache, {2});
+  cache.track_written_pages();
+  const int32_t shared = cache.page_ids(2, 0, 0)[0];
+  const std::vector<int32_t> keep = {1, 2};
+  cache.compact(2, 0, 0, keep);
+  std::vector<int32_t> written;
+  cache.take_written_pages(written);
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0], cache.page_ids(2, 0, 0)[0]);
+  EXPECT_NE(written[0], shared);
+}
+
+TEST(KvCache, RetainingAFreePageIsRefusedAndChangesNoCount) {
+  KvCache cache(small_config());
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 4);
+  const int32_t held = cache.page_ids(1, 0, 0)[0];
+  cache.add_sequence(2);
+  append_tokens(cache, 2, 0, 4);
+  const int32_t freed = cache.page_ids(2, 0, 0)[0];
+  cache.remove_sequence(2);
+  const std::vector<int32_t> pages = {held, freed};
+  EXPECT_THROW(cache.retain_pages(pages), Error);
+  EXPECT_EQ(cache.page_references(held), 1);
+  EXPECT_EQ(cache.page_references(freed), 0);
+}
+
+TEST(KvCache, APageNoLongerSharedIsWrittenInPlace) {
+  KvCache cache(small_config());
+  share_two_pages(cache, {2});
+  cache.remove_sequence(1);
+  const size_t before = cache.bytes_used();
+  const int32_t page = cache.page_ids(2, 0, 0)[0];
+  const std::vector<int32_t> keep = {1, 3};
+  cache.compact(2, 0, 0, keep);
+  EXPECT_EQ(cache.page_ids(2, 0, 0)[0], page);
+  EXPECT_EQ(cache.bytes_used(), before - cache.page_bytes());  // page 1 dropped, nothing copied
+}
+
+TEST(KvCache, SharersCompactingAtOnceEachGetACopyAndTheDonorKeepsItsRows) {
+  KvCache cache(small_config());
+  share_two_pages(cache, {2, 3, 4, 5});
+  const std::vector<int32_t> keep = {1, 3, 5, 7};
+  std::vector<std::thread> threads;
+  for (SeqId s : {2, 3, 4, 5}) {
+    threads.emplace_back([&cache, &keep, s] {
+      for (int l = 0; l < 2; ++l) {
+        for (int h = 0; h < 2; ++h) cache.compact(s, l, h, keep);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (SeqId s : {2, 3, 4, 5}) {
+    for (size_t i = 0; i < keep.size(); ++i) EXPECT_EQ(key_at(cache, s, 1, 1, int(i)), keep[i]);
+  }
+  for (int s = 0; s < 8; ++s) EXPECT_EQ(key_at(cache, 1, 1, 1, s), s);
+  // The donor's 8 pages, plus one private page 0 per sharer and head (16), page 1 dropped by each.
+  EXPECT_EQ(cache.bytes_used(), (8 + 16) * cache.page_bytes());
+  cache.remove_sequence(1);
+  for (SeqId s : {2, 3, 4, 5}) cache.remove_sequence(s);
+  EXPECT_EQ(cache.bytes_used(), 0u);
 }
 
 TEST(KvCache, AWriteIntoASharedPageWithoutReserveIsRefused) {

@@ -1,0 +1,149 @@
+#include "worker/prefix_cache.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include "common/error.h"
+
+namespace lazykv {
+namespace {
+
+// SplitMix64's finaliser: spreads a 64-bit value over all bits.
+uint64_t mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+PrefixCache::PrefixCache(KvCache& cache, uint64_t fingerprint, size_t max_pages)
+    : cache_(cache),
+      fingerprint_(fingerprint),
+      max_pages_(max_pages),
+      block_tokens_(cache.config().page_slots),
+      heads_(size_t(cache.config().n_layer) * size_t(cache.config().n_head_kv)) {}
+
+PrefixCache::~PrefixCache() {
+  for (auto& [key, entry] : entries_) cache_.release_pages(entry.pages);
+}
+
+uint64_t PrefixCache::key_of(uint64_t parent, std::span<const int32_t> tokens) const {
+  uint64_t h = mix(parent ^ 0x9e3779b97f4a7c15ULL);
+  for (const int32_t t : tokens) h = mix(h ^ uint32_t(t));
+  return h;
+}
+
+const PrefixCache::Entry* PrefixCache::find(uint64_t parent, std::span<const int32_t> tokens, uint64_t& key) const {
+  key = key_of(parent, tokens);
+  const auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.parent != parent ||
+      !std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(), it->second.tokens.end())) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+int32_t PrefixCache::lookup(std::span<const int32_t> prompt, int32_t max_blocks,
+                            std::vector<std::vector<int32_t>>& pages) {
+  pages.assign(heads_, {});
+  const int32_t limit = std::min<int32_t>(max_blocks, int32_t(prompt.size()) / block_tokens_);
+  uint64_t parent = fingerprint_;
+  int32_t found = 0;
+  for (; found < limit; ++found) {
+    uint64_t key = 0;
+    const auto block = prompt.subspan(size_t(found) * size_t(block_tokens_), size_t(block_tokens_));
+    const Entry* e = find(parent, block, key);
+    if (e == nullptr) break;
+    entries_[key].used = ++tick_;
+    for (size_t h = 0; h < heads_; ++h) pages[h].push_back(e->pages[h]);
+    parent = key;
+  }
+  return found;
+}
+
+int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> prompt, int32_t n_blocks) {
+  const KvCacheConfig& c = cache_.config();
+  if (cache_.heads_per_layer(seq) != c.n_head_kv) return 0;  // per-query-head caches are not published
+  const int32_t limit = std::min<int32_t>(n_blocks, int32_t(prompt.size()) / block_tokens_);
+  uint64_t parent = fingerprint_;
+  int32_t stored = 0;
+  for (; stored < limit; ++stored) {
+    const auto block = prompt.subspan(size_t(stored) * size_t(block_tokens_), size_t(block_tokens_));
+    uint64_t key = 0;
+    if (find(parent, block, key) != nullptr) {
+      entries_[key].used = ++tick_;
+      parent = key;
+      continue;
+    }
+    if (entries_.count(key) != 0) break;  // another block under this key (a collision): leave it
+    Entry e{parent, std::vector<int32_t>(block.begin(), block.end()), {}, ++tick_, 0};
+    e.pages.reserve(heads_);
+    bool whole = true;
+    const int32_t first = stored * block_tokens_;
+    for (int layer = 0; layer < c.n_layer && whole; ++layer) {
+      for (int head = 0; head < c.n_head_kv && whole; ++head) {
+        const auto positions = cache_.positions(seq, layer, head);
+        whole = int32_t(positions.size()) >= first + block_tokens_ && positions[size_t(first)] == first &&
+                positions[size_t(first + block_tokens_ - 1)] == first + block_tokens_ - 1;
+        // Positions only increase within a head, so the ends pin the whole block.
+        if (whole) e.pages.push_back(cache_.page_ids(seq, layer, head)[size_t(stored)]);
+      }
+    }
+    if (!whole) break;
+    while (pages_held_ + heads_ > max_pages_) {  // room within max_pages, never at this prompt's own blocks
+      const std::optional<uint64_t> victim = lru_leaf(parent);
+      if (!victim) break;
+      drop(*victim);
+    }
+    if (pages_held_ + heads_ > max_pages_) break;
+    cache_.retain_pages(e.pages);
+    pages_held_ += heads_;
+    if (stored > 0) ++entries_[parent].children;
+    entries_.emplace(key, std::move(e));
+    parent = key;
+  }
+  return stored;
+}
+
+size_t PrefixCache::drop(uint64_t key) {
+  const auto it = entries_.find(key);
+  const Entry& e = it->second;
+  if (e.parent != fingerprint_) {
+    const auto parent = entries_.find(e.parent);
+    if (parent != entries_.end()) --parent->second.children;
+  }
+  size_t freed = 0;
+  for (const int32_t p : e.pages) freed += cache_.page_references(p) == 1 ? 1 : 0;
+  cache_.release_pages(e.pages);
+  pages_held_ -= e.pages.size();
+  entries_.erase(it);
+  return freed;
+}
+
+std::optional<uint64_t> PrefixCache::lru_leaf(std::optional<uint64_t> keep) const {
+  std::optional<uint64_t> oldest_key;
+  uint64_t oldest = std::numeric_limits<uint64_t>::max();
+  for (const auto& [key, e] : entries_) {
+    if (e.children == 0 && e.used < oldest && key != keep) {
+      oldest = e.used;
+      oldest_key = key;
+    }
+  }
+  return oldest_key;
+}
+
+size_t PrefixCache::reclaim(size_t pages) {
+  size_t freed = 0;
+  while (freed < pages) {
+    const std::optional<uint64_t> victim = lru_leaf(std::nullopt);
+    if (!victim) break;
+    freed += drop(*victim);
+  }
+  return freed;
+}
+
+}  // namespace lazykv

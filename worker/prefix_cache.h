@@ -1,0 +1,81 @@
+// Prompt prefixes computed once (issue 26's prompt KV reuse, in one
+// process). After a prompt is prefilled, its whole pages (page_slots tokens
+// each, positions 0, 1, ... in order) are kept here by reference, keyed by a
+// chain hash of their token ids: block i's key covers blocks 0..i, seeded
+// with a fingerprint of the model and cache shape, so two prompts share key
+// i exactly when they share their first i+1 blocks. A later prompt that
+// starts with stored blocks adopts their pages (KvCache::adopt_pages) and
+// prefills only the rest. Token ids are compared on every hit, so a hash
+// collision is a miss, never wrong KV.
+//
+// Pages are shared, not copied: KvCache copies a shared page before any
+// write, so eviction in one sequence never changes what another reads. The
+// cache holds at most `max_pages` page references and drops least recently
+// used blocks that no longer block starts from (leaves first); reclaim()
+// frees pages on demand. Not thread-safe: the worker's step thread owns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/kv_cache.h"
+
+namespace lazykv {
+
+class PrefixCache {
+ public:
+  PrefixCache(KvCache& cache, uint64_t fingerprint, size_t max_pages);
+  ~PrefixCache();  // releases every page it holds
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // The most whole blocks (at most max_blocks) at the start of `prompt` that
+  // are stored; `pages[layer * n_head_kv + kv_head]` gets their pages in
+  // order. Marks them used.
+  int32_t lookup(std::span<const int32_t> prompt, int32_t max_blocks, std::vector<std::vector<int32_t>>& pages);
+
+  // Stores the first `n_blocks` blocks of `prompt` from sequence `seq`,
+  // which must hold them as whole pages from position 0 in every (layer, KV
+  // head) (one cache head per KV head): a head that was compacted or holds
+  // other positions ends the publication there. Blocks stored already are
+  // kept (and marked used). Returns the blocks the cache holds for the prompt.
+  int32_t publish(SeqId seq, std::span<const int32_t> prompt, int32_t n_blocks);
+
+  // Drops least recently used leaf blocks until `pages` pages went back to
+  // the pool (a page a sequence still holds does not count) or nothing is
+  // left to drop. Returns the pages that went back.
+  size_t reclaim(size_t pages);
+
+  size_t pages_held() const { return pages_held_; }
+  size_t blocks() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    uint64_t parent = 0;           // the key of the block before (the fingerprint for block 0)
+    std::vector<int32_t> tokens;   // page_slots token ids
+    std::vector<int32_t> pages;    // [layer * n_head_kv + kv_head]
+    uint64_t used = 0;             // tick of the last lookup or publish
+    int children = 0;              // blocks stored after this one
+  };
+  uint64_t key_of(uint64_t parent, std::span<const int32_t> tokens) const;
+  const Entry* find(uint64_t parent, std::span<const int32_t> tokens, uint64_t& key) const;
+  // Drops one entry (a leaf); returns the pages that went back to the pool.
+  size_t drop(uint64_t key);
+  // The least recently used block no stored block follows, other than `keep`.
+  std::optional<uint64_t> lru_leaf(std::optional<uint64_t> keep) const;
+
+  KvCache& cache_;
+  uint64_t fingerprint_;
+  size_t max_pages_;
+  int block_tokens_;
+  size_t heads_;  // n_layer * n_head_kv
+  std::unordered_map<uint64_t, Entry> entries_;
+  size_t pages_held_ = 0;
+  uint64_t tick_ = 0;
+};
+
+}  // namespace lazykv
