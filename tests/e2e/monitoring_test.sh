@@ -4,8 +4,9 @@
 #     rules' unit tests; dashboards/lazykv.json is well formed and names only
 #     metrics lazykv exports (tests/e2e/dashboard_check.py static);
 #  2. a real Prometheus, with the committed config (only the targets and the
-#     scrape interval changed), scrapes `lazykv serve` and a `lazykv kvstore`
-#     while they serve greedy, lazy+tiers and bad requests: both targets are
+#     scrape interval changed), scrapes `lazykv serve`, a `lazykv kvstore` and
+#     a `lazykv router` in front of serve while they serve greedy, lazy+tiers
+#     and bad requests (some through the router): all three targets are
 #     up, every alert rule evaluates without error and none is pending, and every
 #     dashboard query is accepted and returns series.
 #   usage: monitoring_test.sh LAZYKV_BINARY
@@ -38,14 +39,22 @@ url=$(wait_for_line "$work/serve.log" 'listening on http://[0-9.:]*' "$serve_pid
 url=${url#listening on }
 [ -n "$url" ] || { cat "$work/serve.log" >&2; echo "FAILED: serve did not start" >&2; exit 1; }
 pass "serve at $url, kvstore metrics at $kv_http"
+"$bin" router --replica "${url#http://}" --port 0 --health-interval-ms 300 >"$work/router.log" 2>&1 &
+router_pid=$!
+pids+=("$router_pid")
+router=$(wait_for_line "$work/router.log" 'listening on http://[0-9.:]*' "$router_pid")
+router=${router#listening on }
+[ -n "$router" ] || { cat "$work/router.log" >&2; echo "FAILED: the router did not start" >&2; exit 1; }
+check "the router in front of serve is ready" ready_becomes "$router" 200
 
 # The committed config, pointed at these two processes.
 mkdir -p "$work/prometheus"
 cp "$prom_dir/alerts.yml" "$work/prometheus/"
 sed -e "s|127.0.0.1:8000|${url#http://}|; s|127.0.0.1:9100|$kv_http|; s|scrape_interval: 5s|scrape_interval: 1s|" \
+  -e "s|127.0.0.1:8080|${router#http://}|" \
   -e "s|evaluation_interval: 5s|evaluation_interval: 1s|" "$prom_dir/prometheus.yml" >"$work/prometheus/prometheus.yml"
 check "the test's config differs from the committed one only in targets and intervals" \
-  test "$(diff "$prom_dir/prometheus.yml" "$work/prometheus/prometheus.yml" | grep -c '^>')" = 4
+  test "$(diff "$prom_dir/prometheus.yml" "$work/prometheus/prometheus.yml" | grep -c '^>')" = 5
 prom_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 prometheus --config.file="$work/prometheus/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
   --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
@@ -70,6 +79,11 @@ done
 code=$(status_of "$url/v1/chat/completions" -H "$json" \
   -d '{"model": "'$model'", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}')
 check "chat completion -> $code" test "$code" = 200
+for i in 1 2; do  # the second has the first's prompt prefix: an affinity route
+  code=$(status_of "$router/v1/completions" -H "$json" \
+    -d '{"model": "'$model'", "prompt": "'"$(printf 'The router test prompt. %.0s' $(seq 1 12))"'", "max_tokens": 4}')
+  check "completion $i through the router -> $code" test "$code" = 200
+done
 code=$(status_of "$url/v1/completions" -H "$json" -d '{"model": "'$model'", "prompt": "Count slowly from one to one hundred, one number per line:", "max_tokens": 400, "temperature": 0, "ignore_eos": true, "kv_policy": {"name": "lazy+tiers", "budget": 48, "window": 8, "alpha": 0.001}}')
 check "lazy+tiers completion -> $code" test "$code" = 200
 check "bad request -> 400" test "$(status_of "$url/v1/completions" -H "$json" -d '{"model": 1}')" = 400
@@ -80,16 +94,17 @@ check "the kvstore spilled blocks to NVMe ($spilled)" test "${spilled:-0}" -gt 0
 query() { curl -s "$prom/api/v1/query" --data-urlencode "query=$1"; }
 seen=""
 for _ in $(seq 1 60); do
-  seen=$(query 'count(up{job=~"lazykv.*"} == 1) == 2 and on() lazykv_errors_total{type="invalid_request"} > 0
-    and on() lazykv_demotions_total > 0' | json_get 'len(d["data"]["result"])' 2>/dev/null)
+  seen=$(query 'count(up{job=~"lazykv.*"} == 1) == 3 and on() lazykv_errors_total{type="invalid_request"} > 0
+    and on() lazykv_demotions_total > 0 and on() sum(lazykv_router_requests_total) >= 2' \
+    | json_get 'len(d["data"]["result"])' 2>/dev/null)
   [ "$seen" = 1 ] && break
   sleep 1
 done
-check "Prometheus scraped both targets after the traffic" test "$seen" = 1
+check "Prometheus scraped all three targets after the traffic" test "$seen" = 1
 sleep 3  # a few more scrapes, so rates over the traffic have two points
 
 rules=$(curl -s "$prom/api/v1/rules")
-check "Prometheus loaded all 7 alert rules" test "$(json_get 'len(d["data"]["groups"][0]["rules"])' <<<"$rules")" = 7
+check "Prometheus loaded all 8 alert rules" test "$(json_get 'len(d["data"]["groups"][0]["rules"])' <<<"$rules")" = 8
 check "every rule evaluates without error" \
   test "$(json_get 'sorted({r["health"] for g in d["data"]["groups"] for r in g["rules"]})' <<<"$rules")" = "['ok']"
 # Every rule has a `for` longer than this test, so none can fire yet: a rule
@@ -98,7 +113,7 @@ check "no alert is pending or firing on a healthy deployment" \
   test "$(curl -s "$prom/api/v1/alerts" | json_get '[(a["labels"]["alertname"], a["state"]) for a in d["data"]["alerts"]]')" = "[]"
 
 check "every dashboard query answers on the live deployment" /usr/bin/python3 "$here/dashboard_check.py" live \
-  "$dashboard" "$prom"
+  "$dashboard" "$prom" "Router retries / s"
 
 kill -TERM "$serve_pid"
 wait "$serve_pid"
