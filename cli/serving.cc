@@ -86,6 +86,9 @@ void add_local_worker_flags(Flags& flags) {
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style)")
       .add("ctx", "0", "context limit per sequence in tokens; 0 is the model's training context")
       .add("kv-cache-mib", "1024", "KV cache capacity in MiB (all sequences together)")
+      .add("prefix-cache-mib", "0",
+           "prompt KV reuse: up to this many MiB of the KV cache keep prompt pages for later prompts that start "
+           "the same way (given back when sequences need the room); 0 is off; one-rank workers only")
       .add("device", "cpu", "where the forward pass runs: cpu, or cuda (a GPU; needs a build with the CUDA toolkit)")
       .add("cuda-device", "-1",
            "with --device cuda or --collective nccl: this rank's CUDA device (-1: rank modulo the devices)")
@@ -107,6 +110,7 @@ LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tok
   options.n_ctx = int32_t(flags.get_int_in("ctx", 0, kMaxInt32));
   options.n_vocab = tokenizer.n_vocab();
   options.kv_capacity_bytes = size_t(kv_mib) << 20;
+  options.prefix_cache_bytes = size_t(flags.get_int_in("prefix-cache-mib", 0, kv_mib)) << 20;
   options.precision = parse_activations(flags.get("activations"));
   options.device = parse_compute_device(flags.get("device"));
   options.cuda_device = check_device_flags(flags, rank);

@@ -28,7 +28,7 @@ void add_serving_flags(Flags& flags);
 ServiceConfig service_config_from_flags(const Flags& flags, const std::string& model_path);
 SchedulerOptions scheduler_options_from_flags(const Flags& flags);
 
-// --model, --threads, --activations, --ctx, --kv-cache-mib, --device,
+// --model, --threads, --activations, --ctx, --kv-cache-mib, --prefix-cache-mib, --device,
 // --cuda-device: the model a worker runs, and where.
 void add_local_worker_flags(Flags& flags);
 // --device and --cuda-device checked before a model loads (check_compute_device):

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -40,6 +41,15 @@ class ForwardBackend {
   virtual std::span<const float> run(std::span<const BatchItem> batch) = 0;
   // Wall seconds in the policies' end_step over all runs.
   virtual double eviction_seconds() const = 0;
+
+  // Called in every run once the pass's keys and values are in the cache and
+  // before any policy's end_step may evict: the worker keeps prompt pages
+  // there for reuse (PrefixCache). Empty: nothing is called.
+  using AppendedHook = std::function<void(std::span<const BatchItem>)>;
+  void set_appended_hook(AppendedHook hook) { appended_hook_ = std::move(hook); }
+
+ protected:
+  AppendedHook appended_hook_;
 };
 
 class ForwardPass final : public ForwardBackend {

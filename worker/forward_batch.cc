@@ -68,7 +68,9 @@ void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParal
   }
 }
 
-double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool) {
+double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool,
+                        const ForwardBackend::AppendedHook& appended) {
+  if (appended) appended(batch);
   std::vector<size_t> with_policy;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].policy != nullptr) with_policy.push_back(i);

@@ -35,8 +35,10 @@ BatchRows check_batch(std::span<const BatchItem> batch, const ModelConfig& confi
 void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group,
                    const std::function<void()>& prepare = {});
 
-// After the pass: every (item with a policy, layer) apart, in parallel.
-// Returns the wall seconds it took (0 when no item has a policy).
-double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool);
+// After the pass: `appended` (when set), then every (item with a policy,
+// layer) apart, in parallel. Returns the wall seconds the policies took (0
+// when no item has one).
+double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool,
+                        const ForwardBackend::AppendedHook& appended);
 
 }  // namespace lazykv

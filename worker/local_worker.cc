@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <new>
+#include <utility>
 
 #include "common/error.h"
 #include "worker/draft.h"
@@ -17,6 +19,16 @@ namespace {
 TensorParallelGroup& solo_group() {
   static SoloGroup solo;
   return solo;
+}
+
+// What a prompt's KV depends on besides its tokens: the model, and how this
+// worker computes and stores it. Seeds the prefix cache's key chain.
+uint64_t prefix_fingerprint(const Model& model, const LocalWorkerOptions& options, const KvCacheConfig& cache) {
+  const std::string what = model.path() + '|' + std::to_string(model.weight_bytes()) + '|' +
+                           std::to_string(int(options.precision)) + '|' + std::to_string(int(options.device)) + '|' +
+                           std::to_string(cache.n_layer) + '|' + std::to_string(cache.n_head_kv) + '|' +
+                           std::to_string(cache.head_dim) + '|' + std::to_string(cache.page_slots);
+  return std::hash<std::string>{}(what);
 }
 
 }  // namespace
@@ -36,6 +48,11 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
                                     options.precision, options.cuda_graphs)) {
   if (options_.n_ctx <= 0) options_.n_ctx = model.config().n_ctx_train;
   if (options_.n_vocab <= 0 || options_.n_vocab > model.config().n_vocab) options_.n_vocab = model.config().n_vocab;
+  if (options_.prefix_cache_bytes > 0 && group_.world() == 1) {
+    const size_t pages = std::max<size_t>(options_.prefix_cache_bytes / cache_.page_bytes(), 1);
+    prefix_ = std::make_unique<PrefixCache>(cache_, prefix_fingerprint(model, options_, cache_.config()), pages);
+    forward_->set_appended_hook([this](std::span<const BatchItem> batch) { publish_prompts(batch); });
+  }
 }
 
 LocalWorker::~LocalWorker() = default;
@@ -109,8 +126,59 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
   seq.sampler->start(s.prompt, s.generated);
   seq.top_logprobs = s.top_logprobs;
   cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
-  seqs_.emplace(s.seq, std::move(seq));
+  Sequence& added = seqs_.emplace(s.seq, std::move(seq)).first->second;
+  if (prefix_ != nullptr) {
+    added.fed = adopt_prefix(s.seq, added);
+    added.cached_unreported = added.fed;
+  }
   return "";
+}
+
+int32_t LocalWorker::adopt_prefix(SeqId id, Sequence& seq) {
+  const KvCacheConfig& c = cache_.config();
+  if (cache_.heads_per_layer(id) != c.n_head_kv) return 0;  // caches per query head are not shared
+  const int32_t blocks = prefix_->lookup(seq.prompt, seq.policy->reusable_prompt() / c.page_slots, prefix_pages_);
+  if (blocks == 0) return 0;
+  for (int layer = 0; layer < c.n_layer; ++layer) {
+    for (int head = 0; head < c.n_head_kv; ++head) {
+      cache_.adopt_pages(id, layer, head, prefix_pages_[size_t(layer) * size_t(c.n_head_kv) + size_t(head)]);
+    }
+  }
+  const int32_t n = blocks * c.page_slots;
+  seq.policy->begin_step(0, n);
+  for (int layer = 0; layer < c.n_layer; ++layer) seq.policy->end_step(layer, cache_, id);
+  return n;
+}
+
+void LocalWorker::publish_prompts(std::span<const BatchItem> batch) {
+  const int32_t page_slots = cache_.config().page_slots;
+  for (const BatchItem& item : batch) {
+    const auto found = seqs_.find(item.seq);
+    if (found == seqs_.end()) continue;  // a draft (laq's lookahead)
+    const Sequence& seq = found->second;
+    const int32_t prompt_len = int32_t(seq.prompt.size());
+    if (item.start_pos >= prompt_len) continue;  // decode
+    const int32_t cached = std::min(item.start_pos + int32_t(item.tokens.size()), prompt_len);
+    prefix_->publish(item.seq, seq.prompt, cached / page_slots);
+  }
+}
+
+std::span<const float> LocalWorker::run_pass(std::span<const BatchItem> items) {
+  for (;;) {
+    try {
+      return forward_->run(items);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfMemory || prefix_ == nullptr) throw;
+      // Nothing was appended: give back about the pages the pass takes, then try again.
+      const KvCacheConfig& c = cache_.config();
+      size_t wanted = 0;
+      for (const BatchItem& item : items) {
+        const size_t pages = (item.tokens.size() + size_t(c.page_slots) - 1) / size_t(c.page_slots) + 1;
+        wanted += pages * size_t(cache_.heads_per_layer(item.seq)) * size_t(c.n_layer);
+      }
+      if (prefix_->reclaim(wanted) == 0) throw;
+    }
+  }
 }
 
 void LocalWorker::fill_logprobs(std::span<const float> logits, int top, SampledToken& out) {
@@ -140,6 +208,10 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     result.kv_bytes = cache_.bytes_used();
     result.kv_pool_bytes = cache_.bytes_reserved();
+    if (prefix_ != nullptr) {
+      result.kv_bytes -= prefix_->reclaimable_pages() * cache_.page_bytes();
+      result.prefix_cache_bytes = prefix_->pages_held() * cache_.page_bytes();
+    }
   };
   for (SeqId seq : plan.release) release(seq);
   for (const SequenceStart& s : plan.start) {
@@ -207,7 +279,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
 
   std::span<const float> logits;
   try {
-    logits = forward_->run(items);
+    logits = run_pass(items);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfMemory) throw;
     result.out_of_memory = true;  // nothing was appended; no sequence advanced
@@ -222,6 +294,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     result.batch_tokens += int32_t(items[i].tokens.size());
     SampledToken out;
     out.seq = item_seq[i];
+    out.cached_tokens = std::exchange(s.cached_unreported, 0);
     if (samples[i]) {
       // Embedding rows past the tokenizer's vocabulary (padding) are never sampled.
       const std::span<const float> row = logits.subspan(i * model_vocab, size_t(options_.n_vocab));

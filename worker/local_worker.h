@@ -18,6 +18,7 @@
 #include "worker/kv_cache.h"
 #include "worker/model.h"
 #include "worker/policy/policy.h"
+#include "worker/prefix_cache.h"
 #include "worker/step_executor.h"
 
 namespace lazykv {
@@ -31,6 +32,11 @@ struct LocalWorkerOptions {
   ComputeDevice device = ComputeDevice::kCpu;
   int cuda_device = 0;              // with kCuda: as check_compute_device returned it
   bool cuda_graphs = true;          // with kCuda: decode steps replayed as CUDA graphs
+  // Prompt KV reuse: at most this many bytes of prompt pages kept after their
+  // sequences end, for later prompts that start the same way (PrefixCache).
+  // 0: off. Only on a worker that is not a rank of a group (ranks would have
+  // to agree on every hit).
+  size_t prefix_cache_bytes = 0;
 };
 
 class LocalWorker final : public StepExecutor {
@@ -56,6 +62,7 @@ class LocalWorker final : public StepExecutor {
     std::unique_ptr<Sampler> sampler;
     int top_logprobs = -1;
     int64_t evicted_seen = 0;   // policy->evicted_slots() already reported
+    int32_t cached_unreported = 0;  // prompt tokens adopted from the prefix cache, until the first item reports them
     TierCounters tiers_seen;    // policy->tier_counters() already reported
   };
   void release(SeqId seq);
@@ -63,6 +70,14 @@ class LocalWorker final : public StepExecutor {
   // set when its policy was refused (StepResult::invalid).
   std::string start(const SequenceStart& s, bool& invalid_request);
   void fill_logprobs(std::span<const float> logits, int top, SampledToken& out);
+  // Adopts the longest stored start of the new sequence's prompt its policy
+  // allows; returns the prompt tokens adopted.
+  int32_t adopt_prefix(SeqId id, Sequence& seq);
+  // The appended hook: every whole page of each prompt chunk just cached.
+  void publish_prompts(std::span<const BatchItem> batch);
+  // The pass, with the prefix cache's unshared pages given back to the pool
+  // while the cache is too full for it. Error(kOutOfMemory) as ForwardBackend::run.
+  std::span<const float> run_pass(std::span<const BatchItem> items);
 
   const Model& model_;
   LocalWorkerOptions options_;
@@ -72,6 +87,8 @@ class LocalWorker final : public StepExecutor {
   // Catalog policies this model cannot run, with why (fixed by the model: found once).
   std::map<std::string, std::string> unavailable_policies_;
   KvCache cache_;
+  std::unique_ptr<PrefixCache> prefix_;  // after cache_: it releases its pages first
+  std::vector<std::vector<int32_t>> prefix_pages_;  // adopt_prefix scratch
   std::unique_ptr<ForwardBackend> forward_;
   std::unordered_map<SeqId, Sequence> seqs_;
   std::vector<int32_t> top_ids_;  // fill_logprobs scratch

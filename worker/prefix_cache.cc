@@ -136,6 +136,14 @@ std::optional<uint64_t> PrefixCache::lru_leaf(std::optional<uint64_t> keep) cons
   return oldest_key;
 }
 
+size_t PrefixCache::reclaimable_pages() const {
+  size_t n = 0;
+  for (const auto& [key, e] : entries_) {
+    for (const int32_t p : e.pages) n += cache_.page_references(p) == 1 ? 1 : 0;
+  }
+  return n;
+}
+
 size_t PrefixCache::reclaim(size_t pages) {
   size_t freed = 0;
   while (freed < pages) {

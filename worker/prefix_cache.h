@@ -51,6 +51,8 @@ class PrefixCache {
   size_t reclaim(size_t pages);
 
   size_t pages_held() const { return pages_held_; }
+  // Of pages_held(), those no sequence shares (reclaim could free them).
+  size_t reclaimable_pages() const;
   size_t blocks() const { return entries_.size(); }
 
  private:

@@ -51,6 +51,11 @@ struct SampledToken {
   float logprob = 0;   // log-probability of `token` under the model (before temperature)
   std::vector<std::pair<int32_t, float>> top;  // the most likely tokens and their log-probabilities
   int64_t evicted_slots = 0;  // slots this sequence's policy evicted during the step (part of StepResult's)
+  // In the sequence's first item: the prompt tokens (from position 0) whose
+  // KV came from the worker's prefix cache when it started. Its prefill
+  // items then feed the prompt from there: the chunk of this item ran at
+  // positions cached_tokens, cached_tokens + 1, ...
+  int32_t cached_tokens = 0;
 };
 
 struct StepResult {
@@ -70,8 +75,9 @@ struct StepResult {
   int64_t promoted_slots = 0;  // slots brought back into the device cache this step
   int64_t promotion_hits = 0;  // promoted slots that received attention this step
   int64_t kv_slots = 0;      // live slots over all sequences, layers and heads after the step
-  size_t kv_bytes = 0;       // pages in use
+  size_t kv_bytes = 0;       // pages in use by sequences (a prefix cache's own pages left out: they give way)
   size_t kv_pool_bytes = 0;  // pages the pool holds, in use or free
+  size_t prefix_cache_bytes = 0;  // pages the prefix cache holds, shared with sequences or not
 };
 
 struct WorkerInfo {

@@ -16,31 +16,11 @@ threads=${THREADS:-2}
 rounds=${ROUNDS:-3}
 short_requests=${SHORT_REQUESTS:-100}
 long_requests=${LONG_REQUESTS:-128}
-work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
-
-# start VAR ARGS...: `lazykv ARGS --port 0`; sets VAR to its URL once it is ready.
-start() {
-  local var=$1 log=$work/$RANDOM.log url=""
-  shift
-  "$bin" "$@" --port 0 >"$log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 600); do
-    url=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -1 || true)
-    [ -n "$url" ] && break
-    sleep 0.1
-  done
-  [ -n "$url" ] || { cat "$log" >&2; exit 1; }
-  url=${url#listening on }
-  for _ in $(seq 1 600); do curl -sf "$url/ready" >/dev/null && break; sleep 0.1; done
-  printf -v "$var" '%s' "$url"
-}
+source "$(dirname "$0")/servers.sh"
 load() {  # URL CONCURRENCY REQUESTS MAX_TOKENS PROMPT_TOKENS
   "$bin" bench-serve --url "$1" --concurrency "$2" --requests "$3" --max-tokens "$4" --ignore-eos \
     --prompt-tokens-approx "$5" --warmup 2
 }
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done; pids=(); }
 
 start one serve --model "$model" --threads "$threads" --max-batch 32
 start routed router --replica "${one#http://}" --max-requests-per-replica 32

@@ -120,6 +120,23 @@ inline constexpr MetricDef kTransferDuration{
     "lazykv_transfer_duration_seconds", MetricType::kHistogram, "Time of one block transfer between tiers.",
     kTransferLabels, kLatencyBuckets};
 
+// --- prompt KV reuse ---------------------------------------------------------------
+inline constexpr MetricDef kPrefixCacheHitTokens{
+    "lazykv_prefix_cache_hit_tokens_total", MetricType::kCounter,
+    "Prompt tokens whose KV a worker took from its prefix cache instead of computing it.", no_labels(),
+    no_buckets()};
+inline constexpr MetricDef kPrefixCacheHitBytes{
+    "lazykv_prefix_cache_hit_bytes_total", MetricType::kCounter,
+    "KV bytes taken from the prefix cache (hit tokens in every layer and KV head).", no_labels(), no_buckets()};
+inline constexpr MetricDef kPrefixCacheSavedSeconds{
+    "lazykv_prefix_cache_saved_seconds_total", MetricType::kCounter,
+    "Prefill time the prefix cache saved, estimated: hit tokens times the fitted prefill seconds per token.",
+    no_labels(), no_buckets()};
+inline constexpr MetricDef kPrefixCacheBytes{
+    "lazykv_prefix_cache_bytes", MetricType::kGauge,
+    "Bytes of prompt KV pages the prefix cache holds (shared with running sequences or not).", no_labels(),
+    no_buckets()};
+
 // --- kvstore ---------------------------------------------------------------------
 inline constexpr MetricDef kKvstoreBlocks{
     "lazykv_kvstore_blocks", MetricType::kGauge, "Demoted KV blocks held by the kvstore, by tier (host, nvme).",
@@ -189,12 +206,13 @@ inline constexpr MetricDef kRouterWaiting{
     no_labels(), no_buckets()};
 
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 40> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 44> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
     &kRequests,         &kPromptTokens,      &kGenerationTokens, &kReasoningTokens, &kPreemptions,    &kErrors,
     &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,
     &kEvictionsByPhase, &kDemotions,
-    &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration, &kKvstoreBlocks,
+    &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration,
+    &kPrefixCacheHitTokens, &kPrefixCacheHitBytes, &kPrefixCacheSavedSeconds, &kPrefixCacheBytes, &kKvstoreBlocks,
     &kKvstoreLeases,    &kKvstorePoolFragmentation, &kKvstoreRequests, &kKvstoreNvmeAdmissions, &kTransportInfo,
     &kStepDuration,
     &kStepBatchSize,    &kStepTokens,        &kWorkerUp,         &kBuildInfo,

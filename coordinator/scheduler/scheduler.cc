@@ -321,7 +321,9 @@ bool Scheduler::step_once() {
       }
     }
     if (n <= 0) continue;
-    plan.items.push_back({SeqId(seq->id), n, n == remaining ? allowed_tokens(*seq) : std::vector<uint32_t>{}});
+    // The mask goes with every chunk: one may finish the prompt early when the
+    // worker took the prompt's start from its prefix cache.
+    plan.items.push_back({SeqId(seq->id), n, allowed_tokens(*seq)});
     chunks[SeqId(seq->id)] = n;
     budget -= n;
     whole_prompt = whole_prompt || !seq->chunkable();
@@ -376,6 +378,15 @@ bool Scheduler::step_once() {
       decoding += item.prefill_tokens == 0 ? 1 : 0;
       prompt_tokens += item.prefill_tokens;
     }
+    // A chunk after a prefix-cache hit ran only the prompt the cache lacked.
+    for (const SampledToken& sampled : result.tokens) {
+      if (sampled.cached_tokens <= 0 || chunks.count(sampled.seq) == 0) continue;
+      const auto it = std::find_if(running_.begin(), running_.end(),
+                                   [&](const auto& s) { return SeqId(s->id) == sampled.seq; });
+      if (it == running_.end()) continue;
+      const int32_t left = (*it)->feed_size() - (*it)->prompt_fed - sampled.cached_tokens;
+      prompt_tokens -= chunks[sampled.seq] - std::clamp(left, 0, chunks[sampled.seq]);
+    }
     cost_.observe(decoding, prompt_tokens, result.seconds);
   }
   metrics_.histogram(metrics::kStepDuration, {options_.worker_label}).observe(result.seconds);
@@ -423,10 +434,12 @@ bool Scheduler::step_once() {
   metrics_.gauge(metrics::kKvSlots, {"device"}).set(double(result.kv_slots));
   metrics_.gauge(metrics::kKvBytes, {"device"}).set(double(result.kv_bytes));
   metrics_.gauge(metrics::kKvPoolBytes, {"device"}).set(double(result.kv_pool_bytes));
+  metrics_.gauge(metrics::kPrefixCacheBytes).set(double(result.prefix_cache_bytes));
   for (const SampledToken& sampled : result.tokens) {
     auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return SeqId(s->id) == sampled.seq; });
     if (it == running_.end() || (*it)->done) continue;
     Sequence& seq = **it;
+    if (sampled.cached_tokens > 0) count_prefix_hit(seq, sampled.cached_tokens);
     if (sampled.token < 0) {  // a prefill chunk that did not finish the prompt
       seq.prompt_fed += chunks[sampled.seq];
       continue;
@@ -436,6 +449,15 @@ bool Scheduler::step_once() {
     on_token(seq, sampled);
   }
   return true;
+}
+
+void Scheduler::count_prefix_hit(Sequence& seq, int32_t cached_tokens) {
+  seq.prompt_fed += cached_tokens;  // the worker's prefill items go on from there
+  metrics_.counter(metrics::kPrefixCacheHitTokens).inc(double(cached_tokens));
+  metrics_.counter(metrics::kPrefixCacheHitBytes).inc(double(cached_tokens) * double(info_.kv_bytes_per_token));
+  if (const auto cost = cost_.prefill_cost()) {
+    metrics_.counter(metrics::kPrefixCacheSavedSeconds).inc(double(cached_tokens) * cost->slope);
+  }
 }
 
 std::vector<uint32_t> Scheduler::allowed_tokens(const Sequence& seq) const {

@@ -142,6 +142,8 @@ class Scheduler {
   int32_t prefill_budget(int decoding) const;
   // The worker's mask for the sequence's next token (empty without a constraint).
   std::vector<uint32_t> allowed_tokens(const Sequence& seq) const;
+  // The worker took the first `cached_tokens` of the sequence's prompt from its prefix cache.
+  void count_prefix_hit(Sequence& seq, int32_t cached_tokens);
 
   StepExecutor& worker_;
   const Tokenizer& tokenizer_;

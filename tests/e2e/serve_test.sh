@@ -208,6 +208,30 @@ check "a second concurrent request of the key -> 429" test "$(status_of "$url/v1
 kill "$stream_pid" 2>/dev/null
 kill -TERM "$server_pid"; wait "$server_pid"
 
+# Prompt KV reuse: a server with a prefix cache gives the same greedy text as
+# one without on prompts that share a long start, counts the tokens it took
+# from the cache, and keeps a grammar's mask on a chunk that ends the prompt
+# early (64-token chunks: without the cache the prompt spans several).
+start_server
+plain_url=$url plain_pid=$server_pid
+start_server --prefix-cache-mib 64 --max-prefill-tokens 64
+doc=$(/usr/bin/python3 -c "print(' '.join(f'Line {i}: the clerk checks the ledger against the manifest.' for i in range(40)))")
+for question in "Which line comes first?" "Which line comes last?"; do
+  body='{"model": "'$model'", "prompt": "'"$doc $question"'", "max_tokens": 16, "temperature": 0}'
+  plain_text=$(curl -sf "$plain_url/v1/completions" -H 'Content-Type: application/json' -d "$body" | json_get 'd["choices"][0]["text"]')
+  cached_text=$(curl -sf "$url/v1/completions" -H 'Content-Type: application/json' -d "$body" | json_get 'd["choices"][0]["text"]')
+  check "the same text with and without a prefix cache ($question)" test -n "$plain_text" -a "$plain_text" = "$cached_text"
+done
+hit=$(curl -sf "$url/metrics" | awk '$1 == "lazykv_prefix_cache_hit_tokens_total" {print $2}')
+check "the second prompt took its shared start from the cache (${hit:-no} tokens, at least 384)" \
+  awk -v h="${hit:-0}" 'BEGIN { exit !(h >= 384) }'
+schema='{"type": "object", "properties": {"line": {"type": "integer"}}, "required": ["line"]}'
+constrained=$(curl -sf "$url/v1/completions" -H 'Content-Type: application/json' -d '{"model": "'$model'", "prompt": "'"$doc"' The first line, as JSON:", "max_tokens": 64, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "l", "schema": '"$schema"'}}}' |
+  json_get 'd["choices"][0]["text"]')
+check "a reply constrained by a schema after a hit is that JSON ($constrained)" \
+  /usr/bin/python3 -c "import json, sys; assert isinstance(json.loads(sys.argv[1])['line'], int)" "$constrained"
+kill -TERM "$server_pid" "$plain_pid"; wait "$server_pid" "$plain_pid"
+
 # A second signal during the drain ends it at once: the running stream gets
 # the shutdown error, then [DONE], and the process exits 0 well before
 # --drain-seconds.

@@ -86,7 +86,7 @@ struct CudaForwardPass::Impl {
   Impl(const ModelShard& shard, TensorParallelGroup& group, KvCache& cache, ThreadPool& pool, int device,
        cpu::ActivationPrecision precision, bool use_graphs);
 
-  std::span<const float> run(std::span<const BatchItem> batch);
+  std::span<const float> run(std::span<const BatchItem> batch, const AppendedHook& appended);
   struct Unit {
     int32_t item, head, token;  // a query group: tokens [token, + n_tokens) of an item, one cache head
     int32_t n_tokens = 1;       // more than 1 only without a policy (statistics are per token)
@@ -874,7 +874,7 @@ std::vector<int64_t> CudaForwardPass::Impl::launch_signature(const PassUnits& pu
   return s;
 }
 
-std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> batch) {
+std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> batch, const AppendedHook& appended) {
   const ModelConfig& c = shard.config();
   const int64_t E = c.n_embd;
   const int D = c.head_dim;
@@ -982,7 +982,7 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
 
   // Eviction on the host, after attention saw the full cache; the pages it
   // rewrites reach the mirror at the next pass's first layer.
-  eviction_seconds += end_policy_steps(batch, c.n_layer, cache, pool);
+  eviction_seconds += end_policy_steps(batch, c.n_layer, cache, pool, appended);
   return {hl, n_logits};  // page-locked; valid until the next run
 }
 
@@ -992,7 +992,9 @@ CudaForwardPass::CudaForwardPass(const ModelShard& shard, TensorParallelGroup& g
 
 CudaForwardPass::~CudaForwardPass() = default;
 
-std::span<const float> CudaForwardPass::run(std::span<const BatchItem> batch) { return impl_->run(batch); }
+std::span<const float> CudaForwardPass::run(std::span<const BatchItem> batch) {
+  return impl_->run(batch, appended_hook_);
+}
 
 double CudaForwardPass::eviction_seconds() const { return impl_->eviction_seconds; }
 

@@ -116,6 +116,13 @@ void EvictionPolicy::point_stats(Head& h) const {
   h.prompt_stats.attn_sum = h.stats.attn_sum;
 }
 
+int32_t EvictionPolicy::reusable_prompt() const {
+  if (needs_.attn_sum && needs_.attn_prefill) return 0;  // every prompt query's attention counts
+  int32_t n = shape_.prompt_len - 1;
+  if (needs_.keep_queries > 0) n = std::min(n, shape_.prompt_len - needs_.keep_queries);
+  return std::max(n, 0);
+}
+
 void EvictionPolicy::init_slots(Head& h, int32_t first, int32_t count, int32_t first_pos) {
   for (int32_t i = 0; i < count; ++i) {
     const int32_t t = step_of(first_pos + i);

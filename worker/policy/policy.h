@@ -116,6 +116,13 @@ class EvictionPolicy {
   // Decode step of the latest token (0 while in the prompt).
   int32_t step() const { return step_; }
   bool evicts() const { return config_.name != "full"; }
+  // Prompt tokens (from position 0) whose keys and values may come from a
+  // prefix cache instead of this sequence's own pass: their queries would
+  // record nothing the policy keeps (none with prompt attention sums; a
+  // query ring's window must lie past them). Never the prompt's last token,
+  // which samples. The worker then calls begin_step(0, n) and every layer's
+  // end_step, as after a first prefill chunk of n tokens.
+  virtual int32_t reusable_prompt() const;
 
   // --- forward-pass hooks ---
   // Throws Error(kInvalidArgument) when a pass feeds more than one decode

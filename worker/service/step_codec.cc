@@ -60,6 +60,7 @@ void to_proto(const SampledToken& in, pb::SampledToken* out) {
     t->set_logprob(logprob);
   }
   out->set_evicted_slots(in.evicted_slots);
+  out->set_cached_tokens(in.cached_tokens);
 }
 
 void to_proto(const StepResult& in, pb::StepResult* out) {
@@ -80,6 +81,7 @@ void to_proto(const StepResult& in, pb::StepResult* out) {
   out->set_kv_slots(in.kv_slots);
   out->set_kv_bytes(uint64_t(in.kv_bytes));
   out->set_kv_pool_bytes(uint64_t(in.kv_pool_bytes));
+  out->set_prefix_cache_bytes(uint64_t(in.prefix_cache_bytes));
 }
 
 void to_proto(const WorkerInfo& in, pb::WorkerInfo* out) {
@@ -155,6 +157,7 @@ SampledToken from_proto(const pb::SampledToken& in) {
   out.top.reserve(size_t(in.top_size()));
   for (const pb::TokenLogprob& t : in.top()) out.top.emplace_back(t.token(), t.logprob());
   out.evicted_slots = in.evicted_slots();
+  out.cached_tokens = in.cached_tokens();
   return out;
 }
 
@@ -176,6 +179,7 @@ StepResult from_proto(const pb::StepResult& in) {
   out.kv_slots = in.kv_slots();
   out.kv_bytes = size_t(in.kv_bytes());
   out.kv_pool_bytes = size_t(in.kv_pool_bytes());
+  out.prefix_cache_bytes = size_t(in.prefix_cache_bytes());
   return out;
 }
 

@@ -435,6 +435,31 @@ TEST(PolicyForward, LazyPerQueryHeadCachesEveryQueryHead) {
   EXPECT_EQ(make_policy(d, shape_for(m, 6))->heads_per_layer(), m.config().n_head_kv);
 }
 
+// How much of a 1,000-token prompt each policy may take from a prefix cache:
+// all but the last token, less a window of last queries it keeps, nothing
+// when every prompt query's attention counts.
+TEST(PolicyForward, ReusablePromptFollowsWhatThePromptsQueriesRecord) {
+  const Model& m = tiny_model_with_query_stats();
+  const auto reusable = [&](const std::string& name, std::map<std::string, std::string> params) {
+    params.emplace("budget", "256");
+    if (name == "full") params.clear();
+    return make_policy(config(name, params), shape_for(m, 1000))->reusable_prompt();
+  };
+  EXPECT_EQ(reusable("full", {}), 999);
+  EXPECT_EQ(reusable("lazy", {{"window", "16"}}), 999);
+  EXPECT_EQ(reusable("lazy+tiers", {{"window", "16"}}), 999);
+  EXPECT_EQ(reusable("streaming", {}), 999);
+  EXPECT_EQ(reusable("tova", {}), 999);
+  EXPECT_EQ(reusable("caote", {}), 999);
+  EXPECT_EQ(reusable("raas", {}), 999);
+  EXPECT_EQ(reusable("triattention", {{"keep_prompt", "0"}}), 999);
+  EXPECT_EQ(reusable("h2o", {}), 0);
+  EXPECT_EQ(reusable("snapkv", {{"window", "32"}}), 968);
+  EXPECT_EQ(reusable("rkv", {{"window", "8"}}), 992);
+  EXPECT_EQ(reusable("vase", {{"window", "32"}}), 968);
+  EXPECT_EQ(reusable("vase", {{"window", "32"}, {"sketch", "1"}}), 999);
+}
+
 TEST(PolicyForward, TwoDecodeTokensInOnePassAreRejected) {
   const Model& m = tiny_model();
   const PolicyConfig c = config("lazy", {{"budget", "16"}, {"window", "4"}});

@@ -790,5 +790,48 @@ TEST_F(SchedulerTest, StopEndsQueuedAndRunningSequencesWithAnError) {
   EXPECT_EQ(worker.n_sequences(), 0u);
 }
 
+// A prompt that starts like an earlier one: the worker takes that start from
+// its prefix cache; the scheduler's chunks go on from there (the first chunk
+// ends the prompt early), the tokens are those of a worker that computes it
+// all, and the metrics count the hit.
+TEST_F(SchedulerTest, APrefixCacheHitShortensThePromptsChunksAndIsCounted) {
+  SequenceRequest first = request(0, 4);
+  first.prompt.clear();
+  for (int k = 0; k < 150; ++k) first.prompt.push_back(3 + (11 * k) % 250);
+  SequenceRequest second = first;
+  second.prompt.resize(140);
+  for (int k = 0; k < 60; ++k) second.prompt.push_back(3 + (13 * k + 5) % 250);
+  second.max_new_tokens = 12;
+  SchedulerOptions options;
+  options.max_prefill_tokens = 40;  // 200 prompt tokens: five chunks without the cache, two with it
+
+  LocalWorkerOptions plain_options = worker_options();
+  LocalWorker plain(*model_, plain_options);
+  metrics::Registry plain_registry;
+  Scheduler plain_scheduler(plain, *tokenizer_, plain_registry, options);
+  const Outcome reference = collect(plain_scheduler.submit({second})).front();
+
+  LocalWorkerOptions reuse_options = worker_options();
+  reuse_options.prefix_cache_bytes = size_t(16) << 20;
+  LocalWorker worker(*model_, reuse_options);
+  metrics::Registry registry;
+  Scheduler scheduler(worker, *tokenizer_, registry, options);
+  EXPECT_EQ(collect(scheduler.submit({first})).front().finish, "length");
+  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 0);
+  const Outcome reused = collect(scheduler.submit({second})).front();
+  EXPECT_EQ(reused.error, "");
+  EXPECT_EQ(reused.tokens, reference.tokens);
+  EXPECT_EQ(reused.finish, reference.finish);
+  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 128);
+  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitBytes).value(),
+            128.0 * double(worker.info().kv_bytes_per_token));
+  EXPECT_TRUE(scheduler.wait_idle(Clock::now() + std::chrono::seconds(10)));
+  // The gauge holds both prompts' whole pages: two of the first, the second's third.
+  const WorkerInfo info = worker.info();
+  EXPECT_EQ(registry.gauge(metrics::kPrefixCacheBytes).value(),
+            3.0 * double(info.kv_page_bytes) * double(info.n_layer * info.n_head_kv));
+  scheduler.stop("test over");
+}
+
 }  // namespace
 }  // namespace lazykv

@@ -114,6 +114,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   a.evicted_slots = int64_t(1) << 36;
   SampledToken b;  // a prefill chunk: no token
   b.seq = 6;
+  b.cached_tokens = 1920;  // of a prompt the prefix cache held
   result.tokens = {a, b};
   result.failed = {{8, "the prompt is empty"}, {9, "policy triattention: no query statistics"}};
   result.invalid = {9};
@@ -126,6 +127,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   result.kv_slots = 123456;
   result.kv_bytes = size_t(5) << 33;
   result.kv_pool_bytes = size_t(7) << 33;
+  result.prefix_cache_bytes = size_t(3) << 33;
   const StepResult back = round_trip<rpc::pb::StepResult>(result);
   EXPECT_TRUE(back.out_of_memory);
   ASSERT_EQ(back.tokens.size(), 2u);
@@ -137,6 +139,8 @@ TEST(StepCodec, StepResultRoundTrip) {
   EXPECT_EQ(back.tokens[1].seq, 6);
   EXPECT_EQ(back.tokens[1].token, -1);
   EXPECT_TRUE(back.tokens[1].top.empty());
+  EXPECT_EQ(back.tokens[0].cached_tokens, 0);
+  EXPECT_EQ(back.tokens[1].cached_tokens, 1920);
   EXPECT_EQ(back.failed, result.failed);
   EXPECT_EQ(back.invalid, result.invalid);
   EXPECT_EQ(back.seconds, result.seconds);
@@ -148,6 +152,7 @@ TEST(StepCodec, StepResultRoundTrip) {
   EXPECT_EQ(back.kv_slots, result.kv_slots);
   EXPECT_EQ(back.kv_bytes, result.kv_bytes);
   EXPECT_EQ(back.kv_pool_bytes, result.kv_pool_bytes);
+  EXPECT_EQ(back.prefix_cache_bytes, result.prefix_cache_bytes);
 }
 
 TEST(StepCodec, WorkerInfoRoundTrip) {

@@ -1,0 +1,184 @@
+// Prompt KV reuse in the in-process worker (LocalWorkerOptions::
+// prefix_cache_bytes) on a tiny random model: a prompt that starts like an
+// earlier one takes its whole pages and computes only the rest, with the
+// same tokens as a worker that computes it all; eviction in one sequence
+// never changes another's shared prefix; policies that need the prompt's
+// queries compute them; a full cache gives the prefix pages back first.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "tests/unit/tiny_model_fixture.h"
+#include "worker/local_worker.h"
+
+namespace lazykv {
+namespace {
+
+class PromptReuseTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = load_tiny_model("prompt_reuse_test").model.release(); }
+  static void TearDownTestSuite() { delete model_; }
+
+  static LocalWorkerOptions options(size_t prefix_cache_bytes, size_t capacity = 0) {
+    LocalWorkerOptions o;
+    o.threads = 2;
+    o.kv_capacity_bytes = capacity;
+    o.prefix_cache_bytes = prefix_cache_bytes;
+    return o;
+  }
+
+  // Prompt tokens i = 0..n-1 of a prompt numbered `variant`: prompts of two
+  // variants differ from their first token on.
+  static std::vector<int32_t> prompt(int n, int variant = 0) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(3 + (7 * i + 31 * variant) % 250);
+    return p;
+  }
+
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    int32_t cached = 0;  // cached_tokens reported
+    int32_t fed = 0;     // prompt tokens the worker's passes fed
+  };
+
+  // Starts `seq` and runs it greedily: prefill items of `chunk` tokens until
+  // one samples, then `decode` decode steps.
+  static Run generate(LocalWorker& worker, SeqId seq, const std::vector<int32_t>& tokens, int32_t chunk, int decode,
+                      PolicyConfig policy = make_policy_config("full")) {
+    StepPlan plan;
+    SequenceStart start;
+    start.seq = seq;
+    start.prompt = tokens;
+    start.policy = std::move(policy);
+    start.top_logprobs = 0;
+    plan.start = {start};
+    Run run;
+    const auto step = [&](int32_t prefill) {
+      plan.items = {{seq, prefill, {}}};
+      const StepResult r = worker.step(plan);
+      plan.start.clear();
+      EXPECT_TRUE(r.failed.empty()) << (r.failed.empty() ? "" : r.failed[0].second);
+      EXPECT_FALSE(r.out_of_memory);
+      if (r.tokens.size() != 1) return false;
+      run.cached += r.tokens[0].cached_tokens;
+      if (prefill > 0) run.fed += r.batch_tokens;
+      if (r.tokens[0].token < 0) return true;
+      run.tokens.push_back(r.tokens[0].token);
+      run.logprobs.push_back(r.tokens[0].logprob);
+      return true;
+    };
+    while (run.tokens.empty()) {
+      if (!step(chunk)) return run;
+    }
+    for (int i = 0; i < decode; ++i) {
+      if (!step(0)) return run;
+    }
+    return run;
+  }
+
+  static StepResult release(LocalWorker& worker, SeqId seq) {
+    StepPlan plan;
+    plan.release = {seq};
+    return worker.step(plan);
+  }
+
+  static constexpr size_t kPrefixBytes = size_t(64) << 20;
+  static Model* model_;
+};
+
+Model* PromptReuseTest::model_ = nullptr;
+
+TEST_F(PromptReuseTest, APromptThatStartsLikeAnEarlierOneComputesOnlyTheRest) {
+  LocalWorker worker(*model_, options(kPrefixBytes));
+  const Run first = generate(worker, 1, prompt(150), 512, 4);
+  EXPECT_EQ(first.cached, 0);
+  EXPECT_EQ(first.fed, 150);
+  const StepResult released = release(worker, 1);
+  const size_t page_set = size_t(worker.info().n_layer * worker.info().n_head_kv) * worker.info().kv_page_bytes;
+  // Its two whole pages stay, unshared: no sequence's memory, the prefix cache's.
+  EXPECT_EQ(released.prefix_cache_bytes, 2 * page_set);
+  EXPECT_EQ(released.kv_bytes, 0u);
+
+  // 140 tokens in common: the first 128 (two pages) are taken, 62 computed.
+  std::vector<int32_t> second = prompt(140);
+  for (int32_t t : prompt(50, 1)) second.push_back(t);
+  const Run reused = generate(worker, 2, second, 512, 20);
+  EXPECT_EQ(reused.cached, 128);
+  EXPECT_EQ(reused.fed, 190 - 128);
+
+  // The same tokens as a worker that computes the whole prompt, in the same
+  // chunks (a policy may act at a chunk's end).
+  LocalWorker plain(*model_, options(0));
+  const Run computed = generate(plain, 2, second, 128, 20);
+  EXPECT_EQ(computed.cached, 0);
+  EXPECT_EQ(computed.fed, 190);
+  EXPECT_EQ(reused.tokens, computed.tokens);
+  ASSERT_EQ(reused.logprobs.size(), computed.logprobs.size());
+  for (size_t i = 0; i < reused.logprobs.size(); ++i) EXPECT_NEAR(reused.logprobs[i], computed.logprobs[i], 1e-5);
+
+  // A prompt with another start shares nothing.
+  const Run other = generate(worker, 3, prompt(150, 2), 512, 1);
+  EXPECT_EQ(other.cached, 0);
+}
+
+TEST_F(PromptReuseTest, EvictionInOneSequenceNeverChangesAnothersSharedPrefix) {
+  LocalWorker worker(*model_, options(kPrefixBytes));
+  generate(worker, 1, prompt(150), 512, 1);
+  // Sequence 2 shares the prefix and evicts from it at once (a budget of 24
+  // slots): the shared pages are copied before it compacts them.
+  const Run evicting = generate(worker, 2, prompt(160), 512, 10,
+                                make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}}));
+  EXPECT_EQ(evicting.cached, 128);
+  EXPECT_EQ(evicting.tokens.size(), 11u);
+  // Sequence 3, after that, reads the prefix as it was computed.
+  const Run after = generate(worker, 3, prompt(170), 512, 10);
+  EXPECT_EQ(after.cached, 128);
+  LocalWorker plain(*model_, options(0));
+  const Run computed = generate(plain, 3, prompt(170), 128, 10);
+  EXPECT_EQ(after.tokens, computed.tokens);
+}
+
+TEST_F(PromptReuseTest, PoliciesThatNeedThePromptsQueriesComputeThem) {
+  LocalWorker worker(*model_, options(kPrefixBytes));
+  generate(worker, 1, prompt(200), 512, 0);
+  // H2O sums every prompt query's attention: nothing is taken.
+  EXPECT_EQ(generate(worker, 2, prompt(200), 512, 0, make_policy_config("h2o", {{"budget", "64"}})).cached, 0);
+  // SnapKV's window of 100 queries must be computed: 200 - 100 leaves one page.
+  EXPECT_EQ(generate(worker, 3, prompt(200), 512, 0,
+                     make_policy_config("snapkv", {{"budget", "128"}, {"window", "100"}})).cached,
+            64);
+  // TOVA needs only the last query's: three pages, as for `full`.
+  EXPECT_EQ(generate(worker, 4, prompt(200), 512, 0, make_policy_config("tova", {{"budget", "64"}})).cached, 192);
+  EXPECT_EQ(generate(worker, 5, prompt(200), 512, 0).cached, 192);
+  // A prompt of exactly its pages leaves its last page to compute (the last token samples).
+  EXPECT_EQ(generate(worker, 6, prompt(192), 512, 0).cached, 128);
+}
+
+TEST_F(PromptReuseTest, AFullCacheGivesThePrefixPagesBackBeforeRefusingAPass) {
+  LocalWorker probe(*model_, options(0));
+  const size_t page_set = size_t(probe.info().n_layer * probe.info().n_head_kv) * probe.info().kv_page_bytes;
+  // Room for four page sets: a released 192-token prompt leaves three in the prefix cache.
+  LocalWorker worker(*model_, options(kPrefixBytes, 4 * page_set));
+  generate(worker, 1, prompt(200), 512, 0);
+  const StepResult released = release(worker, 1);
+  EXPECT_EQ(released.prefix_cache_bytes, 3 * page_set);
+  EXPECT_EQ(released.kv_bytes, 0u);
+  // Another prompt of three pages (four with its decode tokens) needs the
+  // room: the stored pages go, and its own two whole pages take their place.
+  const Run other = generate(worker, 2, prompt(190, 1), 512, 3);
+  EXPECT_EQ(other.tokens.size(), 4u);
+  EXPECT_EQ(release(worker, 2).prefix_cache_bytes, 2 * page_set);
+}
+
+TEST_F(PromptReuseTest, TheCacheHoldsNoMoreThanItsBytes) {
+  LocalWorker probe(*model_, options(0));
+  const size_t page_set = size_t(probe.info().n_layer * probe.info().n_head_kv) * probe.info().kv_page_bytes;
+  LocalWorker worker(*model_, options(2 * page_set));
+  generate(worker, 1, prompt(200), 512, 0);
+  EXPECT_EQ(release(worker, 1).prefix_cache_bytes, 2 * page_set);
+  EXPECT_EQ(generate(worker, 2, prompt(200), 512, 0).cached, 128);
+}
+
+}  // namespace
+}  // namespace lazykv
