@@ -181,10 +181,16 @@ int32_t KvCache::shared_tail(const HeadTable& h) const {
   return is_shared(tail) ? tail : -1;
 }
 
-void KvCache::adopt_pages(SeqId seq, int layer, int kv_head, std::span<const int32_t> pages) {
+void KvCache::adopt_pages(SeqId seq, int layer, int kv_head, std::span<const int32_t> pages, int32_t n_slots) {
   HeadTable& h = head(seq, layer, kv_head);
   if (!h.pages.empty() || !h.positions.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "kv cache: pages adopted into a head that holds slots already");
+  }
+  const int32_t whole = int32_t(pages.size()) * config_.page_slots;
+  if (n_slots < 0) n_slots = whole;
+  if (n_slots > whole || n_slots <= whole - config_.page_slots) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: " + std::to_string(n_slots) + " slots adopted in " +
+                                                 std::to_string(pages.size()) + " pages");
   }
   retain_pages(pages);
   for (int32_t p : pages) {
@@ -192,7 +198,7 @@ void KvCache::adopt_pages(SeqId seq, int layer, int kv_head, std::span<const int
     h.key_ptrs.push_back(page_keys(p));
     h.value_ptrs.push_back(page_values(p));
   }
-  const int32_t n = int32_t(pages.size()) * config_.page_slots;
+  const int32_t n = n_slots;
   h.positions.resize(size_t(n));
   for (int32_t s = 0; s < n; ++s) h.positions[size_t(s)] = s;
   for (int32_t seen = h.max_position->load(std::memory_order_relaxed);

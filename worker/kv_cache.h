@@ -103,7 +103,9 @@ class KvCache {
   // (page_slots slots) and together holding positions 0, 1, ... in slot
   // order, taking a reference to each: the head then reads as if it had
   // appended those tokens. Error(kInvalidArgument) if the head is not empty.
-  void adopt_pages(SeqId seq, int layer, int kv_head, std::span<const int32_t> pages);
+  // With n_slots, only the first n_slots of them are the head's (the last
+  // page partly: its first append gets a private copy of it).
+  void adopt_pages(SeqId seq, int layer, int kv_head, std::span<const int32_t> pages, int32_t n_slots = -1);
   // References held outside the slot tables (a prefix cache's).
   void retain_pages(std::span<const int32_t> pages);
   void release_pages(std::span<const int32_t> pages);

@@ -76,7 +76,18 @@ WorkerInfo LocalWorker::info() const {
 }
 
 void LocalWorker::release(SeqId seq) {
-  if (seqs_.erase(seq) > 0) cache_.remove_sequence(seq);
+  const auto found = seqs_.find(seq);
+  if (found == seqs_.end()) return;
+  Sequence& s = found->second;
+  // Its generated tokens too: a chat's next turn, or this sequence resumed
+  // after a preemption, starts with them.
+  if (prefix_ != nullptr && s.policy->evicted_slots() == 0) {
+    std::vector<int32_t> tokens = s.prompt;
+    tokens.insert(tokens.end(), s.decoded.begin(), s.decoded.end());
+    prefix_->publish(seq, tokens, s.fed);  // with the last page's tail: no more is written to it
+  }
+  seqs_.erase(found);
+  cache_.remove_sequence(seq);
 }
 
 void LocalWorker::release_all() {
@@ -137,14 +148,13 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
 int32_t LocalWorker::adopt_prefix(SeqId id, Sequence& seq) {
   const KvCacheConfig& c = cache_.config();
   if (cache_.heads_per_layer(id) != c.n_head_kv) return 0;  // caches per query head are not shared
-  const int32_t blocks = prefix_->lookup(seq.prompt, seq.policy->reusable_prompt() / c.page_slots, prefix_pages_);
-  if (blocks == 0) return 0;
+  const int32_t n = prefix_->lookup(seq.prompt, seq.policy->reusable_prompt(), prefix_pages_);
+  if (n == 0) return 0;
   for (int layer = 0; layer < c.n_layer; ++layer) {
     for (int head = 0; head < c.n_head_kv; ++head) {
-      cache_.adopt_pages(id, layer, head, prefix_pages_[size_t(layer) * size_t(c.n_head_kv) + size_t(head)]);
+      cache_.adopt_pages(id, layer, head, prefix_pages_[size_t(layer) * size_t(c.n_head_kv) + size_t(head)], n);
     }
   }
-  const int32_t n = blocks * c.page_slots;
   seq.policy->begin_step(0, n);
   for (int layer = 0; layer < c.n_layer; ++layer) seq.policy->end_step(layer, cache_, id);
   return n;
@@ -158,8 +168,11 @@ void LocalWorker::publish_prompts(std::span<const BatchItem> batch) {
     const Sequence& seq = found->second;
     const int32_t prompt_len = int32_t(seq.prompt.size());
     if (item.start_pos >= prompt_len) continue;  // decode
+    // After an eviction the later tokens' keys and values were computed
+    // without the evicted ones: not those of the prompt alone.
+    if (seq.policy->evicted_slots() > 0) continue;
     const int32_t cached = std::min(item.start_pos + int32_t(item.tokens.size()), prompt_len);
-    prefix_->publish(item.seq, seq.prompt, cached / page_slots);
+    prefix_->publish(item.seq, seq.prompt, cached / page_slots * page_slots);  // whole pages: it appends to the last
   }
 }
 
@@ -290,6 +303,7 @@ StepResult LocalWorker::step(const StepPlan& plan) {
   const size_t model_vocab = size_t(model_.config().n_vocab);
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence& s = seqs_.at(item_seq[i]);
+    if (prefix_ != nullptr && s.fed >= int32_t(s.prompt.size())) s.decoded.push_back(s.last);  // this pass fed it
     s.fed += int32_t(items[i].tokens.size());
     result.batch_tokens += int32_t(items[i].tokens.size());
     SampledToken out;

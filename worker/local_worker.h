@@ -58,6 +58,7 @@ class LocalWorker final : public StepExecutor {
     std::vector<int32_t> prompt;
     int32_t fed = 0;            // tokens in the cache so far (prompt, then generated)
     int32_t last = -1;          // the last sampled token, fed by the next decode item
+    std::vector<int32_t> decoded;  // the decode tokens fed so far (kept for the prefix cache)
     std::unique_ptr<EvictionPolicy> policy;
     std::unique_ptr<Sampler> sampler;
     int top_logprobs = -1;

@@ -47,50 +47,71 @@ const PrefixCache::Entry* PrefixCache::find(uint64_t parent, std::span<const int
   return &it->second;
 }
 
-int32_t PrefixCache::lookup(std::span<const int32_t> prompt, int32_t max_blocks,
+int32_t PrefixCache::lookup(std::span<const int32_t> prompt, int32_t max_tokens,
                             std::vector<std::vector<int32_t>>& pages) {
   pages.assign(heads_, {});
-  const int32_t limit = std::min<int32_t>(max_blocks, int32_t(prompt.size()) / block_tokens_);
+  const int32_t limit = std::min<int32_t>(max_tokens, int32_t(prompt.size()));
+  const auto take = [&](uint64_t key) {
+    Entry& e = entries_.at(key);
+    e.used = ++tick_;
+    for (size_t h = 0; h < heads_; ++h) pages[h].push_back(e.pages[h]);
+  };
   uint64_t parent = fingerprint_;
   int32_t found = 0;
-  for (; found < limit; ++found) {
+  while (found + block_tokens_ <= limit) {
     uint64_t key = 0;
-    const auto block = prompt.subspan(size_t(found) * size_t(block_tokens_), size_t(block_tokens_));
-    const Entry* e = find(parent, block, key);
-    if (e == nullptr) break;
-    entries_[key].used = ++tick_;
-    for (size_t h = 0; h < heads_; ++h) pages[h].push_back(e->pages[h]);
+    if (find(parent, prompt.subspan(size_t(found), size_t(block_tokens_)), key) == nullptr) break;
+    take(key);
     parent = key;
+    found += block_tokens_;
   }
-  return found;
+  // Then the longest common start of whatever was stored after them.
+  const auto rest = prompt.subspan(size_t(found), size_t(std::min(limit - found, block_tokens_)));
+  const auto next = next_.find(parent);
+  if (rest.empty() || next == next_.end()) return found;
+  uint64_t best_key = 0;
+  int32_t best = 0;
+  for (const uint64_t key : next->second) {
+    const std::vector<int32_t>& tokens = entries_.at(key).tokens;
+    const size_t n = std::min(rest.size(), tokens.size());
+    const int32_t common = int32_t(std::mismatch(rest.begin(), rest.begin() + std::ptrdiff_t(n), tokens.begin()).first -
+                                   rest.begin());
+    if (common > best) {
+      best = common;
+      best_key = key;
+    }
+  }
+  if (best > 0) take(best_key);
+  return found + best;
 }
 
-int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> prompt, int32_t n_blocks) {
+int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens) {
   const KvCacheConfig& c = cache_.config();
   if (cache_.heads_per_layer(seq) != c.n_head_kv) return 0;  // per-query-head caches are not published
-  const int32_t limit = std::min<int32_t>(n_blocks, int32_t(prompt.size()) / block_tokens_);
+  const int32_t limit = std::min<int32_t>(n_tokens, int32_t(tokens.size()));
   uint64_t parent = fingerprint_;
   int32_t stored = 0;
-  for (; stored < limit; ++stored) {
-    const auto block = prompt.subspan(size_t(stored) * size_t(block_tokens_), size_t(block_tokens_));
+  while (stored < limit) {
+    const int32_t len = std::min(block_tokens_, limit - stored);
+    const auto block = tokens.subspan(size_t(stored), size_t(len));
     uint64_t key = 0;
     if (find(parent, block, key) != nullptr) {
       entries_[key].used = ++tick_;
       parent = key;
+      stored += len;
       continue;
     }
     if (entries_.count(key) != 0) break;  // another block under this key (a collision): leave it
-    Entry e{parent, std::vector<int32_t>(block.begin(), block.end()), {}, ++tick_, 0};
+    Entry e{parent, std::vector<int32_t>(block.begin(), block.end()), {}, ++tick_};
     e.pages.reserve(heads_);
     bool whole = true;
-    const int32_t first = stored * block_tokens_;
     for (int layer = 0; layer < c.n_layer && whole; ++layer) {
       for (int head = 0; head < c.n_head_kv && whole; ++head) {
         const auto positions = cache_.positions(seq, layer, head);
-        whole = int32_t(positions.size()) >= first + block_tokens_ && positions[size_t(first)] == first &&
-                positions[size_t(first + block_tokens_ - 1)] == first + block_tokens_ - 1;
+        whole = int32_t(positions.size()) >= stored + len && positions[size_t(stored)] == stored &&
+                positions[size_t(stored + len - 1)] == stored + len - 1;
         // Positions only increase within a head, so the ends pin the whole block.
-        if (whole) e.pages.push_back(cache_.page_ids(seq, layer, head)[size_t(stored)]);
+        if (whole) e.pages.push_back(cache_.page_ids(seq, layer, head)[size_t(stored / block_tokens_)]);
       }
     }
     if (!whole) break;
@@ -102,9 +123,10 @@ int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> prompt, int32_t
     if (pages_held_ + heads_ > max_pages_) break;
     cache_.retain_pages(e.pages);
     pages_held_ += heads_;
-    if (stored > 0) ++entries_[parent].children;
+    next_[parent].push_back(key);
     entries_.emplace(key, std::move(e));
     parent = key;
+    stored += len;
   }
   return stored;
 }
@@ -112,9 +134,10 @@ int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> prompt, int32_t
 size_t PrefixCache::drop(uint64_t key) {
   const auto it = entries_.find(key);
   const Entry& e = it->second;
-  if (e.parent != fingerprint_) {
-    const auto parent = entries_.find(e.parent);
-    if (parent != entries_.end()) --parent->second.children;
+  const auto siblings = next_.find(e.parent);
+  if (siblings != next_.end()) {
+    std::erase(siblings->second, key);
+    if (siblings->second.empty()) next_.erase(siblings);
   }
   size_t freed = 0;
   for (const int32_t p : e.pages) freed += cache_.page_references(p) == 1 ? 1 : 0;
@@ -128,7 +151,7 @@ std::optional<uint64_t> PrefixCache::lru_leaf(std::optional<uint64_t> keep) cons
   std::optional<uint64_t> oldest_key;
   uint64_t oldest = std::numeric_limits<uint64_t>::max();
   for (const auto& [key, e] : entries_) {
-    if (e.children == 0 && e.used < oldest && key != keep) {
+    if (e.used < oldest && key != keep && next_.count(key) == 0) {
       oldest = e.used;
       oldest_key = key;
     }

@@ -1,11 +1,13 @@
 // Prompt prefixes computed once (issue 26's prompt KV reuse, in one
-// process). After a prompt is prefilled, its whole pages (page_slots tokens
-// each, positions 0, 1, ... in order) are kept here by reference, keyed by a
-// chain hash of their token ids: block i's key covers blocks 0..i, seeded
-// with a fingerprint of the model and cache shape, so two prompts share key
-// i exactly when they share their first i+1 blocks. A later prompt that
-// starts with stored blocks adopts their pages (KvCache::adopt_pages) and
-// prefills only the rest. Token ids are compared on every hit, so a hash
+// process). A sequence's pages (page_slots tokens each, positions 0, 1, ...
+// in order) are kept here by reference as blocks, keyed by a chain hash of
+// their token ids: block i's key covers blocks 0..i, seeded with a
+// fingerprint of the model and cache shape, so two prompts share key i
+// exactly when they share their first i+1 blocks. The last block of a
+// sequence that ended may be partial (a tail). A later prompt that starts
+// with stored blocks adopts their pages (KvCache::adopt_pages), then as much
+// of a stored block or tail after them as it has in common, token by token,
+// and prefills only the rest. Token ids are compared on every hit, so a hash
 // collision is a miss, never wrong KV.
 //
 // Pages are shared, not copied: KvCache copies a shared page before any
@@ -33,17 +35,21 @@ class PrefixCache {
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
-  // The most whole blocks (at most max_blocks) at the start of `prompt` that
-  // are stored; `pages[layer * n_head_kv + kv_head]` gets their pages in
-  // order. Marks them used.
-  int32_t lookup(std::span<const int32_t> prompt, int32_t max_blocks, std::vector<std::vector<int32_t>>& pages);
+  // The most tokens (at most max_tokens) at the start of `prompt` whose KV
+  // is stored: whole blocks, then the longest common start of a block or
+  // tail stored after them. `pages[layer * n_head_kv + kv_head]` gets their
+  // pages in order, the last one partly used when the count is not a
+  // multiple of the block. Marks them used.
+  int32_t lookup(std::span<const int32_t> prompt, int32_t max_tokens, std::vector<std::vector<int32_t>>& pages);
 
-  // Stores the first `n_blocks` blocks of `prompt` from sequence `seq`,
-  // which must hold them as whole pages from position 0 in every (layer, KV
-  // head) (one cache head per KV head): a head that was compacted or holds
-  // other positions ends the publication there. Blocks stored already are
-  // kept (and marked used). Returns the blocks the cache holds for the prompt.
-  int32_t publish(SeqId seq, std::span<const int32_t> prompt, int32_t n_blocks);
+  // Stores the first `n_tokens` of `tokens` from sequence `seq`, which must
+  // hold them from position 0 in every (layer, KV head) (one cache head per
+  // KV head): whole blocks, then what is left (under a block) as a tail. A
+  // head that was compacted or holds other positions ends the publication
+  // there. Publish a tail only once the sequence writes no more to that
+  // page (at its end). Blocks stored already are kept (and marked used).
+  // Returns the tokens the cache holds for the start of `tokens`.
+  int32_t publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens);
 
   // Drops least recently used leaf blocks until `pages` pages went back to
   // the pool (a page a sequence still holds does not count) or nothing is
@@ -58,16 +64,15 @@ class PrefixCache {
  private:
   struct Entry {
     uint64_t parent = 0;           // the key of the block before (the fingerprint for block 0)
-    std::vector<int32_t> tokens;   // page_slots token ids
+    std::vector<int32_t> tokens;   // page_slots token ids, fewer in a tail
     std::vector<int32_t> pages;    // [layer * n_head_kv + kv_head]
     uint64_t used = 0;             // tick of the last lookup or publish
-    int children = 0;              // blocks stored after this one
   };
   uint64_t key_of(uint64_t parent, std::span<const int32_t> tokens) const;
   const Entry* find(uint64_t parent, std::span<const int32_t> tokens, uint64_t& key) const;
   // Drops one entry (a leaf); returns the pages that went back to the pool.
   size_t drop(uint64_t key);
-  // The least recently used block no stored block follows, other than `keep`.
+  // The least recently used block nothing stored follows, other than `keep`.
   std::optional<uint64_t> lru_leaf(std::optional<uint64_t> keep) const;
 
   KvCache& cache_;
@@ -76,6 +81,7 @@ class PrefixCache {
   int block_tokens_;
   size_t heads_;  // n_layer * n_head_kv
   std::unordered_map<uint64_t, Entry> entries_;
+  std::unordered_map<uint64_t, std::vector<uint64_t>> next_;  // parent key (or fingerprint) -> keys stored after it
   size_t pages_held_ = 0;
   uint64_t tick_ = 0;
 };

@@ -12,7 +12,8 @@
 # (median of the reused ones), the speed-up, whether both servers' greedy
 # replies were the same, and the prefix cache's counters from /metrics.
 #   usage: bench/serve/prompt_reuse.sh LAZYKV_BINARY MODEL.gguf
-#   env:   THREADS (2), DOC_TOKENS (2000), QUESTIONS (5), TURNS (8), PREFIX_MIB (256)
+#   env:   THREADS (2), DOC_TOKENS (2000), QUESTIONS (5), TURNS (8), PREFIX_MIB (256),
+#          LLAMA_SERVER (llama.cpp's llama-server binary: the same workloads on it, the peer)
 set -euo pipefail
 shopt -s inherit_errexit
 bin=$1 model=$2
@@ -25,11 +26,21 @@ source "$(dirname "$0")/servers.sh"
 
 start cached serve --model "$model" --threads "$threads" --ctx 8192 --prefix-cache-mib "$prefix_mib"
 start plain serve --model "$model" --threads "$threads" --ctx 8192
+# The peer: llama.cpp's server (one slot, which keeps its last prompt's KV: cache_prompt).
+llama=""
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  port=$((20000 + RANDOM % 20000))
+  "$LLAMA_SERVER" -m "$model" -t "$threads" -c 8192 -np 1 --port "$port" >"$work/llama.log" 2>&1 &
+  pids+=($!)
+  llama="http://127.0.0.1:$port"
+  for _ in $(seq 1 600); do curl -sf "$llama/health" >/dev/null && break; sleep 0.1; done
+  curl -sf "$llama/health" >/dev/null || { cat "$work/llama.log" >&2; exit 1; }
+fi
 
-python3 - "$cached" "$plain" "$doc_tokens" "$questions" "$turns" <<'PY'
+python3 - "$cached" "$plain" "$doc_tokens" "$questions" "$turns" "$llama" <<'PY'
 import json, statistics, sys, time, urllib.request
 
-cached, plain = sys.argv[1], sys.argv[2]
+cached, plain, llama = sys.argv[1], sys.argv[2], sys.argv[6]
 doc_tokens, questions, turns = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 
 def model_id(url):
@@ -45,6 +56,8 @@ def post(url, path, body):
 def ttft(url, path, body):
     """Seconds to the first streamed chunk that carries text, and the reply's text."""
     body = dict(body, stream=True, max_tokens=body.get("max_tokens", 1), temperature=0)
+    if url == llama:
+        body["cache_prompt"] = True  # its default too; said so the comparison does not depend on it
     start, first, text = time.perf_counter(), None, ""
     with post(url, path, body) as resp:
         for line in resp:
@@ -111,6 +124,11 @@ for name, run in (("document", document_run), ("chat", chat_run)):
     result[name] = {"prefix_cache": with_cache, "no_prefix_cache": without,
                     "ttft_speedup": round(without["median_ttft_s"] / with_cache["median_ttft_s"], 2),
                     "same_replies": same}
+    if llama:
+        peer = run(llama)
+        peer.pop("texts")
+        result[name]["llama_server"] = peer
+        result[name]["ttft_vs_llama_server"] = round(peer["median_ttft_s"] / with_cache["median_ttft_s"], 2)
 result["prefix_cache_metrics"] = metrics(cached)
 print(json.dumps(result, indent=2))
 PY

@@ -9,7 +9,7 @@
 #
 #   deploy/local/launch.sh [--bin PATH] [--model M] [--world N] [--replicas R] [--collective gloo|nccl] [--kvstore]
 #                          [--nvme-path DIR] [--worker-port P] [--http-port P] [--threads N] [--kv-cache-mib N]
-#                          [-- extra coordinator flags]
+#                          [--prefix-cache-mib N] [-- extra coordinator flags]
 #
 # --world N       worker ranks per group (default 1); each gets --threads / (N * R) threads when --threads > 0
 # --replicas R    groups behind a router (default 1: no router); the router listens on --http-port, the
@@ -17,6 +17,7 @@
 # --collective C  the ranks' all-reduce: gloo (default) or nccl (rank r on CUDA device r mod devices)
 # --kvstore       start a kvstore and point the workers at it (lazy+tiers demotes there)
 # --nvme-path DIR the kvstore's RocksDB tier (default: none)
+# --prefix-cache-mib N  prompt KV reuse in each worker (docs/tiers.md); only with --world 1
 # Environment (flags win): LAZYKV_BIN (default: lazykv on PATH, else build/cli/lazykv),
 # LAZYKV_MODEL (default "default"), LAZYKV_WORKER_PORT (7001: rank r listens on 7001 + r),
 # LAZYKV_HTTP_PORT (8000), LAZYKV_THREADS (0: all cores), LAZYKV_KV_CACHE_MIB (1024).
@@ -34,6 +35,7 @@ replicas=1
 collective=gloo
 with_kvstore=0
 nvme_path=""
+prefix_mib=0
 extra=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -48,6 +50,7 @@ while [ $# -gt 0 ]; do
     --http-port) http_port=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --kv-cache-mib) kv_mib=$2; shift 2 ;;
+    --prefix-cache-mib) prefix_mib=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "launch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -56,6 +59,11 @@ done
 [ -x "$bin" ] || { echo "launch.sh: no lazykv binary at '$bin' (set --bin or LAZYKV_BIN)" >&2; exit 2; }
 [[ "$world" =~ ^[1-9][0-9]*$ ]] || { echo "launch.sh: --world must be a positive integer" >&2; exit 2; }
 [[ "$replicas" =~ ^[1-9][0-9]*$ ]] || { echo "launch.sh: --replicas must be a positive integer" >&2; exit 2; }
+[[ "$prefix_mib" =~ ^[0-9]+$ ]] || { echo "launch.sh: --prefix-cache-mib must be a whole number" >&2; exit 2; }
+if [ "$prefix_mib" -gt 0 ] && [ "$world" -gt 1 ]; then
+  echo "launch.sh: --prefix-cache-mib needs --world 1 (tensor-parallel ranks keep no prefix cache)" >&2
+  exit 2
+fi
 
 logs=$(mktemp -d -t lazykv-launch.XXXXXX)
 router_pid=""
@@ -115,7 +123,7 @@ start_group() {
     port=$worker_port
     [ "$worker_port" != 0 ] && port=$((worker_port + g * world + rank))
     "$bin" worker --model "$model" --listen "127.0.0.1:$port" --threads "$rank_threads" --kv-cache-mib "$kv_mib" \
-      --rank "$rank" "${worker_flags[@]}" > >(tee "$logs/group$g.worker$rank.log") 2>&1 &
+      --prefix-cache-mib "$prefix_mib" --rank "$rank" "${worker_flags[@]}" > >(tee "$logs/group$g.worker$rank.log") 2>&1 &
     worker_pids+=($!)
   done
   for ((rank = 0; rank < world; rank++)); do

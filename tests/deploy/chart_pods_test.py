@@ -17,7 +17,8 @@ Then, from outside every namespace, as a client of the API Service:
     re-forms the group and serves again;
   - SIGTERM drains the coordinator, which exits 0;
   - through the router, requests reach both serve pods (by their StatefulSet
-    DNS names); one killed, the other answers and the router marks it down;
+    DNS names); a long prompt asked twice lands on one of them, which takes
+    it from its prefix cache; one killed, the other answers and the router marks it down;
     started again, the router takes it back; SIGTERM stops the router, exit 0.
 
 What this does not cover: the kubelet, probes, restarts, volumes, images.
@@ -63,7 +64,7 @@ VALUES = {
     "mode": "distributed", "worker.tensorParallel.world": 2, "kvstore.enabled": "true",
     "threads": 1, "kvCacheMiB": 64, "kvstore.hostCapacityMiB": 64,
 }
-REPLICA_VALUES = {"router.enabled": "true", "serve.replicas": 2, "threads": 1, "kvCacheMiB": 64}
+REPLICA_VALUES = {"router.enabled": "true", "serve.replicas": 2, "threads": 1, "kvCacheMiB": 64, "prefixCacheMiB": 16}
 
 failures = 0
 
@@ -287,6 +288,24 @@ def replicas_scenario(pods, start, model_name):
              for p in servers}
     check(served == names, f"requests through the router answer Paris from both serve pods ({sorted(served)})")
 
+    # Prompt reuse behind the router: a long shared start asked twice lands on
+    # one replica (prefix affinity), which takes it from its prefix cache.
+    doc = " ".join(f"Line {i}: the clerk checks the ledger against the manifest." for i in range(40))
+    long_ask = dict(ask, messages=[{"role": "system", "content": doc},
+                                   {"role": "user", "content": "Which line comes first?"}])
+    homes = []
+    for _ in range(2):
+        status, _, headers = http(api + "/v1/chat/completions", long_ask, with_headers=True)
+        homes.append(headers.get("x-lazykv-replica", "") if status == 200 else "failed")
+    home = next((p for p in servers
+                 if f"{p.name}.{p.workload['spec']['serviceName']}:{p.container['ports'][0]['containerPort']}" == homes[1]),
+                None)
+    hits = metric_value(f"http://{home.ip}:{home.container['ports'][0]['containerPort']}",
+                        "lazykv_prefix_cache_hit_tokens_total") if home else 0
+    check(homes[0] == homes[1] and home is not None and hits >= 384,
+          f"a long prompt asked twice through the router: the same replica both times ({homes}), "
+          f"which took {hits:.0f} of its tokens from its prefix cache (at least 384)")
+
     servers[1].process.kill()
     servers[1].process.wait()
     check(answers_paris(api, ask, 30) and replicas_up(api, [True, False], 10),
@@ -296,6 +315,12 @@ def replicas_scenario(pods, start, model_name):
 
     router.process.send_signal(signal.SIGTERM)
     check(exit_code(router.process) == 0, "SIGTERM stops the router, exit 0")
+
+
+def metric_value(url, name):
+    _, text = http(url + "/metrics", timeout=10)
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.split(" ")[0] == name]
+    return values[0] if values else 0.0
 
 
 def answers_paris(api, ask, seconds):

@@ -305,6 +305,13 @@ def main():
                                           "LAZYKV_METRICS_PORT": "0", "LAZYKV_NVME_PATH": nvme}, "host tier")
         check(ok, "big numbers: `lazykv kvstore` starts with a 2 TiB NVMe budget" + ("" if ok else ": " + out[-300:]))
 
+    reuse = render({"prefixCacheMiB": 512})
+    c = pod_spec(by_kind(reuse, "Deployment")[FULLNAME])["containers"][0]
+    check(env_value(c, "LAZYKV_PREFIX_CACHE_MIB") == "512", "prefixCacheMiB: a serve pod keeps 512 MiB of prompt pages")
+    if model:
+        ok, out = starts(binary, c, local, "listening on http")
+        check(ok, "prefixCacheMiB: `lazykv serve` starts with it" + ("" if ok else ": " + out[-300:]))
+
     limited = render({"serve.resources.limits.cpu": 2})
     c = pod_spec(by_kind(limited, "Deployment")[FULLNAME])["containers"][0]
     check(env_of(c)["LAZYKV_THREADS"].get("valueFrom", {}).get("resourceFieldRef", {}).get("resource") == "limits.cpu",

@@ -803,7 +803,7 @@ TEST_F(SchedulerTest, APrefixCacheHitShortensThePromptsChunksAndIsCounted) {
   for (int k = 0; k < 60; ++k) second.prompt.push_back(3 + (13 * k + 5) % 250);
   second.max_new_tokens = 12;
   SchedulerOptions options;
-  options.max_prefill_tokens = 40;  // 200 prompt tokens: five chunks without the cache, two with it
+  options.max_prefill_tokens = 40;  // 200 prompt tokens: five chunks without the cache, two (40, 20) with it
 
   LocalWorkerOptions plain_options = worker_options();
   LocalWorker plain(*model_, plain_options);
@@ -822,14 +822,15 @@ TEST_F(SchedulerTest, APrefixCacheHitShortensThePromptsChunksAndIsCounted) {
   EXPECT_EQ(reused.error, "");
   EXPECT_EQ(reused.tokens, reference.tokens);
   EXPECT_EQ(reused.finish, reference.finish);
-  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 128);
+  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 140);
   EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitBytes).value(),
-            128.0 * double(worker.info().kv_bytes_per_token));
+            140.0 * double(worker.info().kv_bytes_per_token));
   EXPECT_TRUE(scheduler.wait_idle(Clock::now() + std::chrono::seconds(10)));
-  // The gauge holds both prompts' whole pages: two of the first, the second's third.
+  // The gauge: the first sequence's three pages (two whole, its tail) and
+  // the second's third whole page (its own tail is kept once it is released).
   const WorkerInfo info = worker.info();
   EXPECT_EQ(registry.gauge(metrics::kPrefixCacheBytes).value(),
-            3.0 * double(info.kv_page_bytes) * double(info.n_layer * info.n_head_kv));
+            4.0 * double(info.kv_page_bytes) * double(info.n_layer * info.n_head_kv));
   scheduler.stop("test over");
 }
 

@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "common/error.h"
+
 namespace lazykv {
 namespace {
 
@@ -31,39 +33,77 @@ uint16_t key_of_slot(const KvCache& cache, SeqId seq, int l, int h, int slot) {
 
 const std::vector<int32_t> kPrompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 whole blocks and 2 tokens
 
-TEST(PrefixCache, AStoredPrefixIsFoundUpToTheFirstDifferentBlock) {
+TEST(PrefixCache, AStoredPrefixIsFoundUpToTheFirstDifferentToken) {
   KvCache cache(small_config());
   PrefixCache prefixes(cache, kFingerprint, 1000);
   prefill(cache, 1, kPrompt);
-  EXPECT_EQ(prefixes.publish(1, kPrompt, 2), 2);
+  EXPECT_EQ(prefixes.publish(1, kPrompt, 8), 8);
   EXPECT_EQ(prefixes.pages_held(), 2u * 4);  // 2 blocks x (2 layers x 2 heads)
 
   std::vector<std::vector<int32_t>> pages;
-  EXPECT_EQ(prefixes.lookup(kPrompt, 10, pages), 2);
+  EXPECT_EQ(prefixes.lookup(kPrompt, 40, pages), 8);
   ASSERT_EQ(pages.size(), 4u);
   EXPECT_EQ(pages[3], std::vector<int32_t>(cache.page_ids(1, 1, 1).begin(), cache.page_ids(1, 1, 1).begin() + 2));
-  EXPECT_EQ(prefixes.lookup(kPrompt, 1, pages), 1);  // max_blocks
+  EXPECT_EQ(prefixes.lookup(kPrompt, 4, pages), 4);  // max_tokens
   const std::vector<int32_t> second_differs = {1, 2, 3, 4, 5, 6, 0, 8, 9};
-  EXPECT_EQ(prefixes.lookup(second_differs, 10, pages), 1);
+  EXPECT_EQ(prefixes.lookup(second_differs, 40, pages), 6);  // block 0, then two tokens of block 1
+  EXPECT_EQ(pages[3], std::vector<int32_t>(cache.page_ids(1, 1, 1).begin(), cache.page_ids(1, 1, 1).begin() + 2));
   const std::vector<int32_t> first_differs = {0, 2, 3, 4, 5, 6, 7, 8};
-  EXPECT_EQ(prefixes.lookup(first_differs, 10, pages), 0);
+  EXPECT_EQ(prefixes.lookup(first_differs, 40, pages), 0);
   const std::vector<int32_t> short_prompt = {1, 2, 3};
-  EXPECT_EQ(prefixes.lookup(short_prompt, 10, pages), 0);
+  EXPECT_EQ(prefixes.lookup(short_prompt, 40, pages), 3);  // the start of block 0
+  EXPECT_EQ(prefixes.lookup(kPrompt, 7, pages), 7);        // max_tokens inside a block
 
   PrefixCache other_model(cache, kFingerprint + 1, 1000);  // another fingerprint shares nothing
-  EXPECT_EQ(other_model.lookup(kPrompt, 10, pages), 0);
+  EXPECT_EQ(other_model.lookup(kPrompt, 40, pages), 0);
+}
+
+TEST(PrefixCache, ASequencesTailIsFoundTokenByToken) {
+  KvCache cache(small_config());
+  PrefixCache prefixes(cache, kFingerprint, 1000);
+  prefill(cache, 1, kPrompt);
+  EXPECT_EQ(prefixes.publish(1, kPrompt, 10), 10);  // two blocks and a tail of two tokens
+  EXPECT_EQ(prefixes.blocks(), 3u);
+  EXPECT_EQ(prefixes.publish(1, kPrompt, 10), 10);  // stored already
+  EXPECT_EQ(prefixes.blocks(), 3u);
+  std::vector<std::vector<int32_t>> pages;
+  const std::vector<int32_t> longer = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  EXPECT_EQ(prefixes.lookup(longer, 40, pages), 10);
+  ASSERT_EQ(pages[0].size(), 3u);
+  EXPECT_EQ(pages[0][2], cache.page_ids(1, 0, 0)[2]);
+  const std::vector<int32_t> tail_differs = {1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 11};
+  EXPECT_EQ(prefixes.lookup(tail_differs, 40, pages), 9);
+
+  // Adopted with 9 slots, the shared last page is copied on the first append.
+  cache.add_sequence(2);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) cache.adopt_pages(2, l, h, pages[size_t(l * 2 + h)], 9);
+  }
+  EXPECT_EQ(cache.n_slots(2, 1, 1), 9);
+  cache.add_sequence(3);
+  EXPECT_THROW(cache.adopt_pages(3, 0, 0, pages[0], 4), Error);  // 4 slots in three pages
+  EXPECT_THROW(cache.adopt_pages(3, 0, 0, pages[0], 13), Error);
+  cache.reserve(2, 1);
+  const std::vector<uint16_t> k(8, 777), v(8, 0);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) cache.append(2, l, h, 9, k.data(), v.data());
+  }
+  EXPECT_NE(cache.page_ids(2, 0, 0)[2], cache.page_ids(1, 0, 0)[2]);
+  EXPECT_EQ(key_of_slot(cache, 2, 0, 0, 8), kPrompt[8] + 100);  // the copy keeps sequence 1's rows
+  EXPECT_EQ(key_of_slot(cache, 2, 0, 0, 9), 777);
+  EXPECT_EQ(key_of_slot(cache, 1, 0, 0, 9), kPrompt[9] + 100);  // and sequence 1 keeps its own
 }
 
 TEST(PrefixCache, AdoptedPagesOutliveTheirDonorAndReadAsItsPrefill) {
   KvCache cache(small_config());
   PrefixCache prefixes(cache, kFingerprint, 1000);
   prefill(cache, 1, kPrompt);
-  prefixes.publish(1, kPrompt, 2);
+  prefixes.publish(1, kPrompt, 8);
   cache.remove_sequence(1);
   EXPECT_EQ(cache.bytes_used(), 8 * cache.page_bytes());  // the cache's blocks stay
 
   std::vector<std::vector<int32_t>> pages;
-  ASSERT_EQ(prefixes.lookup(kPrompt, 2, pages), 2);
+  ASSERT_EQ(prefixes.lookup(kPrompt, 8, pages), 8);
   cache.add_sequence(2);
   for (int l = 0; l < 2; ++l) {
     for (int h = 0; h < 2; ++h) cache.adopt_pages(2, l, h, pages[size_t(l * 2 + h)]);
@@ -78,22 +118,22 @@ TEST(PrefixCache, ACompactedHeadIsNotPublishedPastItsChange) {
   prefill(cache, 1, kPrompt);
   const std::vector<int32_t> keep = {0, 1, 2, 3, 5, 6, 7, 8, 9};  // token 4 evicted in one head
   cache.compact(1, 1, 0, keep);
-  EXPECT_EQ(prefixes.publish(1, kPrompt, 2), 1);
+  EXPECT_EQ(prefixes.publish(1, kPrompt, 8), 4);
   std::vector<std::vector<int32_t>> pages;
-  EXPECT_EQ(prefixes.lookup(kPrompt, 2, pages), 1);
+  EXPECT_EQ(prefixes.lookup(kPrompt, 8, pages), 4);
 }
 
 TEST(PrefixCache, PublishingAgainKeepsTheStoredBlocksAndAddsTheNewOnes) {
   KvCache cache(small_config());
   PrefixCache prefixes(cache, kFingerprint, 1000);
   prefill(cache, 1, kPrompt);
-  prefixes.publish(1, kPrompt, 1);
+  prefixes.publish(1, kPrompt, 4);
   const std::vector<int32_t> longer = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   prefill(cache, 2, longer);
-  EXPECT_EQ(prefixes.publish(2, longer, 3), 3);
+  EXPECT_EQ(prefixes.publish(2, longer, 12), 12);
   EXPECT_EQ(prefixes.blocks(), 3u);
   std::vector<std::vector<int32_t>> pages;
-  ASSERT_EQ(prefixes.lookup(longer, 3, pages), 3);
+  ASSERT_EQ(prefixes.lookup(longer, 12, pages), 12);
   EXPECT_EQ(pages[0][0], cache.page_ids(1, 0, 0)[0]);  // block 0 is still sequence 1's
   EXPECT_EQ(pages[0][1], cache.page_ids(2, 0, 0)[1]);
 }
@@ -105,17 +145,17 @@ TEST(PrefixCache, ReclaimDropsLeastRecentLeavesAndCountsOnlyPagesThatGoBack) {
   const std::vector<int32_t> b = {9, 9, 9, 9};
   prefill(cache, 1, a);
   prefill(cache, 2, b);
-  prefixes.publish(1, a, 2);
-  prefixes.publish(2, b, 1);
+  prefixes.publish(1, a, 8);
+  prefixes.publish(2, b, 4);
   cache.remove_sequence(1);  // a's pages are the cache's alone; b's are shared with sequence 2
   std::vector<std::vector<int32_t>> pages;
-  prefixes.lookup(a, 2, pages);  // a is now more recent than b
+  prefixes.lookup(a, 8, pages);  // a is now more recent than b
   const size_t before = cache.bytes_used();
   EXPECT_EQ(prefixes.reclaim(1), 4u);  // b (a leaf, least recent) frees nothing; then a's block 1 frees 4
   EXPECT_EQ(prefixes.blocks(), 1u);    // a's block 0 remains
   EXPECT_EQ(cache.bytes_used(), before - 4 * cache.page_bytes());
-  EXPECT_EQ(prefixes.lookup(a, 2, pages), 1);
-  EXPECT_EQ(prefixes.lookup(b, 1, pages), 0);
+  EXPECT_EQ(prefixes.lookup(a, 8, pages), 4);
+  EXPECT_EQ(prefixes.lookup(b, 4, pages), 0);
   EXPECT_EQ(prefixes.reclaim(100), 4u);  // everything left
   EXPECT_EQ(prefixes.pages_held(), 0u);
 }
@@ -127,12 +167,12 @@ TEST(PrefixCache, ItHoldsAtMostMaxPages) {
   const std::vector<int32_t> b = {9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7};
   prefill(cache, 1, a);
   prefill(cache, 2, b);
-  EXPECT_EQ(prefixes.publish(1, a, 2), 2);
-  EXPECT_EQ(prefixes.publish(2, b, 3), 2);  // a's blocks make room; b's third would need a fourth block's pages
+  EXPECT_EQ(prefixes.publish(1, a, 8), 8);
+  EXPECT_EQ(prefixes.publish(2, b, 12), 8);  // a's blocks make room; b's third would need a fourth block's pages
   EXPECT_LE(prefixes.pages_held(), 8u);
   std::vector<std::vector<int32_t>> pages;
-  EXPECT_EQ(prefixes.lookup(b, 3, pages), 2);
-  EXPECT_EQ(prefixes.lookup(a, 2, pages), 0);
+  EXPECT_EQ(prefixes.lookup(b, 12, pages), 8);
+  EXPECT_EQ(prefixes.lookup(a, 8, pages), 0);
 }
 
 }  // namespace

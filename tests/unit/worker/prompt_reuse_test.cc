@@ -96,21 +96,23 @@ TEST_F(PromptReuseTest, APromptThatStartsLikeAnEarlierOneComputesOnlyTheRest) {
   EXPECT_EQ(first.fed, 150);
   const StepResult released = release(worker, 1);
   const size_t page_set = size_t(worker.info().n_layer * worker.info().n_head_kv) * worker.info().kv_page_bytes;
-  // Its two whole pages stay, unshared: no sequence's memory, the prefix cache's.
-  EXPECT_EQ(released.prefix_cache_bytes, 2 * page_set);
+  // Its 153 tokens' pages stay (two whole, one of 25), unshared: no
+  // sequence's memory, the prefix cache's.
+  EXPECT_EQ(released.prefix_cache_bytes, 3 * page_set);
   EXPECT_EQ(released.kv_bytes, 0u);
 
-  // 140 tokens in common: the first 128 (two pages) are taken, 62 computed.
+  // 140 tokens in common: two whole pages and 12 tokens of the third are
+  // taken, 50 computed.
   std::vector<int32_t> second = prompt(140);
   for (int32_t t : prompt(50, 1)) second.push_back(t);
   const Run reused = generate(worker, 2, second, 512, 20);
-  EXPECT_EQ(reused.cached, 128);
-  EXPECT_EQ(reused.fed, 190 - 128);
+  EXPECT_EQ(reused.cached, 140);
+  EXPECT_EQ(reused.fed, 190 - 140);
 
   // The same tokens as a worker that computes the whole prompt, in the same
   // chunks (a policy may act at a chunk's end).
   LocalWorker plain(*model_, options(0));
-  const Run computed = generate(plain, 2, second, 128, 20);
+  const Run computed = generate(plain, 2, second, 140, 20);
   EXPECT_EQ(computed.cached, 0);
   EXPECT_EQ(computed.fed, 190);
   EXPECT_EQ(reused.tokens, computed.tokens);
@@ -139,36 +141,59 @@ TEST_F(PromptReuseTest, EvictionInOneSequenceNeverChangesAnothersSharedPrefix) {
   EXPECT_EQ(after.tokens, computed.tokens);
 }
 
+// A finished sequence leaves its generated tokens' pages too (a chat's next
+// turn starts with the reply), unless its policy evicted: the tokens after an
+// eviction were computed without what it dropped.
+TEST_F(PromptReuseTest, AReleasedSequenceLeavesItsRepliesPagesWhenNothingWasEvicted) {
+  LocalWorker worker(*model_, options(kPrefixBytes));
+  const std::vector<int32_t> first_prompt = prompt(100);
+  const Run first = generate(worker, 1, first_prompt, 512, 40);
+  release(worker, 1);
+  std::vector<int32_t> next_turn = first_prompt;
+  next_turn.insert(next_turn.end(), first.tokens.begin(), first.tokens.end() - 1);  // the 40 it fed
+  for (int32_t t : prompt(30, 1)) next_turn.push_back(t);
+  const Run second = generate(worker, 2, next_turn, 512, 5);
+  EXPECT_EQ(second.cached, 140);  // the prompt's 100 and the 40 of the reply
+  LocalWorker plain(*model_, options(0));
+  EXPECT_EQ(second.tokens, generate(plain, 2, next_turn, 140, 5).tokens);
+
+  LocalWorker evicting(*model_, options(kPrefixBytes));
+  generate(evicting, 1, first_prompt, 512, 40, make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}}));
+  release(evicting, 1);
+  EXPECT_EQ(generate(evicting, 2, next_turn, 512, 0).cached, 64);  // the prompt's page, kept before it evicted
+}
+
 TEST_F(PromptReuseTest, PoliciesThatNeedThePromptsQueriesComputeThem) {
   LocalWorker worker(*model_, options(kPrefixBytes));
   generate(worker, 1, prompt(200), 512, 0);
   // H2O sums every prompt query's attention: nothing is taken.
   EXPECT_EQ(generate(worker, 2, prompt(200), 512, 0, make_policy_config("h2o", {{"budget", "64"}})).cached, 0);
-  // SnapKV's window of 100 queries must be computed: 200 - 100 leaves one page.
+  // SnapKV's window of 100 queries must be computed: 200 - 100 are taken.
   EXPECT_EQ(generate(worker, 3, prompt(200), 512, 0,
                      make_policy_config("snapkv", {{"budget", "128"}, {"window", "100"}})).cached,
-            64);
-  // TOVA needs only the last query's: three pages, as for `full`.
+            100);
+  // TOVA needs only the last query's: the three whole pages (the running
+  // prompt's last page is not stored: it is still written), as for `full`.
   EXPECT_EQ(generate(worker, 4, prompt(200), 512, 0, make_policy_config("tova", {{"budget", "64"}})).cached, 192);
   EXPECT_EQ(generate(worker, 5, prompt(200), 512, 0).cached, 192);
-  // A prompt of exactly its pages leaves its last page to compute (the last token samples).
-  EXPECT_EQ(generate(worker, 6, prompt(192), 512, 0).cached, 128);
+  // The last token is always computed (it samples).
+  EXPECT_EQ(generate(worker, 6, prompt(192), 512, 0).cached, 191);
 }
 
 TEST_F(PromptReuseTest, AFullCacheGivesThePrefixPagesBackBeforeRefusingAPass) {
   LocalWorker probe(*model_, options(0));
   const size_t page_set = size_t(probe.info().n_layer * probe.info().n_head_kv) * probe.info().kv_page_bytes;
-  // Room for four page sets: a released 192-token prompt leaves three in the prefix cache.
+  // Room for four page sets: a released 200-token prompt leaves all four in the prefix cache.
   LocalWorker worker(*model_, options(kPrefixBytes, 4 * page_set));
   generate(worker, 1, prompt(200), 512, 0);
   const StepResult released = release(worker, 1);
-  EXPECT_EQ(released.prefix_cache_bytes, 3 * page_set);
+  EXPECT_EQ(released.prefix_cache_bytes, 4 * page_set);
   EXPECT_EQ(released.kv_bytes, 0u);
   // Another prompt of three pages (four with its decode tokens) needs the
-  // room: the stored pages go, and its own two whole pages take their place.
+  // room: the stored pages go, and its own take their place.
   const Run other = generate(worker, 2, prompt(190, 1), 512, 3);
   EXPECT_EQ(other.tokens.size(), 4u);
-  EXPECT_EQ(release(worker, 2).prefix_cache_bytes, 2 * page_set);
+  EXPECT_EQ(release(worker, 2).prefix_cache_bytes, 4 * page_set);
 }
 
 TEST_F(PromptReuseTest, TheCacheHoldsNoMoreThanItsBytes) {

@@ -68,10 +68,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- $managed := list "LAZYKV_HOST" "LAZYKV_MODEL" "LAZYKV_PORT" "LAZYKV_GRPC_PORT" "LAZYKV_DRAIN_SECONDS" "LAZYKV_API_KEY"
     "LAZYKV_THREADS" "LAZYKV_KVSTORE" "LAZYKV_CONNECT_TIMEOUT" "LAZYKV_RANK" "LAZYKV_WORLD" "LAZYKV_COLLECTIVE"
     "LAZYKV_TP_HOST" "LAZYKV_LISTEN" "LAZYKV_DATA_PORT" "LAZYKV_METRICS_PORT" "LAZYKV_HOST_CAPACITY_MIB"
-    "LAZYKV_NVME_PATH" "LAZYKV_NVME_CAPACITY_MIB" "LAZYKV_TRANSPORTS" "LAZYKV_KVSTORE_TRANSPORTS" -}}
+    "LAZYKV_NVME_PATH" "LAZYKV_NVME_CAPACITY_MIB" "LAZYKV_TRANSPORTS" "LAZYKV_KVSTORE_TRANSPORTS" "LAZYKV_PREFIX_CACHE_MIB" -}}
 {{- range $name, $_ := .Values.extraEnv -}}
 {{- if or (has $name $managed) (hasPrefix "LAZYKV_KV_" $name) -}}
-{{- fail (printf "extraEnv.%s: the chart sets it from its own value (kvPolicy, kvCacheMiB, threads, api, worker, kvstore)" $name) -}}
+{{- fail (printf "extraEnv.%s: the chart sets it from its own value (kvPolicy, kvCacheMiB, prefixCacheMiB, threads, api, worker, kvstore)" $name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
