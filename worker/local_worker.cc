@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <new>
 #include <utility>
@@ -48,8 +49,14 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
                                     options.precision, options.cuda_graphs)) {
   if (options_.n_ctx <= 0) options_.n_ctx = model.config().n_ctx_train;
   if (options_.n_vocab <= 0 || options_.n_vocab > model.config().n_vocab) options_.n_vocab = model.config().n_vocab;
+  if (options_.prefix_cache_bytes > 0 && group_.world() > 1 && group_.rank() == 0) {
+    std::fprintf(stderr, "lazykv worker: no prefix cache in a tensor-parallel group (the ranks would have to "
+                         "agree on every hit); prompts are computed whole\n");
+  }
   if (options_.prefix_cache_bytes > 0 && group_.world() == 1) {
-    const size_t pages = std::max<size_t>(options_.prefix_cache_bytes / cache_.page_bytes(), 1);
+    // At least one block: a page in every layer and KV head.
+    const size_t block_pages = size_t(cache_.config().n_layer) * size_t(cache_.config().n_head_kv);
+    const size_t pages = std::max(options_.prefix_cache_bytes / cache_.page_bytes(), block_pages);
     prefix_ = std::make_unique<PrefixCache>(cache_, prefix_fingerprint(model, options_, cache_.config()), pages);
     forward_->set_appended_hook([this](std::span<const BatchItem> batch) { publish_prompts(batch); });
   }
@@ -72,6 +79,7 @@ WorkerInfo LocalWorker::info() const {
   info.rank = group_.rank();
   info.world = group_.world();
   info.unavailable_policies = unavailable_policies_;
+  info.prefix_cache = prefix_ != nullptr;
   return info;
 }
 
@@ -137,11 +145,23 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
   seq.sampler->start(s.prompt, s.generated);
   seq.top_logprobs = s.top_logprobs;
   cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
-  Sequence& added = seqs_.emplace(s.seq, std::move(seq)).first->second;
-  if (prefix_ != nullptr) {
-    added.fed = adopt_prefix(s.seq, added);
-    added.cached_unreported = added.fed;
+  if (prefix_ != nullptr && s.chunks_carry_mask) {
+    try {
+      seq.fed = adopt_prefix(s.seq, seq);
+    } catch (const std::exception& e) {
+      // Whatever failed, the prompt can still be computed: start over without the cache.
+      std::fprintf(stderr, "lazykv worker: sequence %llu computes its whole prompt: %s\n",
+                   static_cast<unsigned long long>(s.seq), e.what());
+      cache_.remove_sequence(s.seq);
+      PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
+      shape.resumed_tokens = s.generated;
+      seq.policy = make_policy(s.policy, shape);  // it built once: it builds again
+      cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
+      seq.fed = 0;
+    }
+    seq.cached_unreported = seq.fed;
   }
+  seqs_.emplace(s.seq, std::move(seq));
   return "";
 }
 
@@ -155,8 +175,9 @@ int32_t LocalWorker::adopt_prefix(SeqId id, Sequence& seq) {
       cache_.adopt_pages(id, layer, head, prefix_pages_[size_t(layer) * size_t(c.n_head_kv) + size_t(head)], n);
     }
   }
+  // No end_step: the next pass then ends the prompt as one pass over all of
+  // it would (an evicting policy's prompt is never chunked).
   seq.policy->begin_step(0, n);
-  for (int layer = 0; layer < c.n_layer; ++layer) seq.policy->end_step(layer, cache_, id);
   return n;
 }
 
@@ -181,7 +202,8 @@ std::span<const float> LocalWorker::run_pass(std::span<const BatchItem> items) {
     try {
       return forward_->run(items);
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::kOutOfMemory || prefix_ == nullptr) throw;
+      // Only a bounded cache runs out of pages (otherwise it was device memory).
+      if (e.code() != ErrorCode::kOutOfMemory || prefix_ == nullptr || cache_.capacity_bytes() == 0) throw;
       // Nothing was appended: give back about the pages the pass takes, then try again.
       const KvCacheConfig& c = cache_.config();
       size_t wanted = 0;
@@ -192,6 +214,23 @@ std::span<const float> LocalWorker::run_pass(std::span<const BatchItem> items) {
       if (prefix_->reclaim(wanted) == 0) throw;
     }
   }
+}
+
+void LocalWorker::make_room_for_drafts(std::span<const DraftRequest> drafts) {
+  if (cache_.capacity_bytes() == 0) return;
+  // At most a copy of each sequence's pages, and a page per head for the draft tokens.
+  const KvCacheConfig& c = cache_.config();
+  size_t wanted = 0;
+  for (const DraftRequest& d : drafts) {
+    for (int layer = 0; layer < c.n_layer; ++layer) {
+      for (int head = 0; head < cache_.heads_per_layer(d.seq); ++head) {
+        wanted += cache_.page_ids(d.seq, layer, head).size() + 1;
+      }
+    }
+  }
+  const size_t free = (cache_.capacity_bytes() - std::min(cache_.capacity_bytes(), cache_.bytes_used())) /
+                      cache_.page_bytes();
+  if (free < wanted) prefix_->reclaim(wanted - free);
 }
 
 void LocalWorker::fill_logprobs(std::span<const float> logits, int top, SampledToken& out) {
@@ -325,7 +364,10 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     Sequence& s = seqs_.at(item_seq[i]);
     if (samples[i] && s.policy->draft_wanted() > 0) drafts.push_back({item_seq[i], s.policy.get(), s.last, s.fed});
   }
-  if (!drafts.empty()) run_drafts(*forward_, cache_, group_, drafts, size_t(options_.n_vocab), model_vocab);
+  if (!drafts.empty()) {
+    if (prefix_ != nullptr) make_room_for_drafts(drafts);
+    run_drafts(*forward_, cache_, group_, drafts, size_t(options_.n_vocab), model_vocab);
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const Sequence& s = seqs_.at(item_seq[i]);
     result.tokens[i].evicted_slots = s.policy->evicted_slots() - s.evicted_seen;  // evicted_seen moves on below

@@ -14,6 +14,7 @@
 
 #include "common/thread_pool.h"
 #include "worker/compute_device.h"
+#include "worker/draft.h"
 #include "worker/forward.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
@@ -76,6 +77,9 @@ class LocalWorker final : public StepExecutor {
   int32_t adopt_prefix(SeqId id, Sequence& seq);
   // The appended hook: every whole page of each prompt chunk just cached.
   void publish_prompts(std::span<const BatchItem> batch);
+  // Gives back prefix-cache pages until the drafts' copies fit (run_drafts
+  // does not reclaim: a draft that does not fit would just be shorter).
+  void make_room_for_drafts(std::span<const DraftRequest> drafts);
   // The pass, with the prefix cache's unshared pages given back to the pool
   // while the cache is too full for it. Error(kOutOfMemory) as ForwardBackend::run.
   std::span<const float> run_pass(std::span<const BatchItem> items);

@@ -108,15 +108,14 @@ int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, int32_t
     for (int layer = 0; layer < c.n_layer && whole; ++layer) {
       for (int head = 0; head < c.n_head_kv && whole; ++head) {
         const auto positions = cache_.positions(seq, layer, head);
-        whole = int32_t(positions.size()) >= stored + len && positions[size_t(stored)] == stored &&
-                positions[size_t(stored + len - 1)] == stored + len - 1;
-        // Positions only increase within a head, so the ends pin the whole block.
+        whole = int32_t(positions.size()) >= stored + len;
+        for (int32_t i = stored; whole && i < stored + len; ++i) whole = positions[size_t(i)] == i;
         if (whole) e.pages.push_back(cache_.page_ids(seq, layer, head)[size_t(stored / block_tokens_)]);
       }
     }
     if (!whole) break;
     while (pages_held_ + heads_ > max_pages_) {  // room within max_pages, never at this prompt's own blocks
-      const std::optional<uint64_t> victim = lru_leaf(parent);
+      const std::optional<uint64_t> victim = lru_leaf(parent, false);
       if (!victim) break;
       drop(*victim);
     }
@@ -147,10 +146,12 @@ size_t PrefixCache::drop(uint64_t key) {
   return freed;
 }
 
-std::optional<uint64_t> PrefixCache::lru_leaf(std::optional<uint64_t> keep) const {
+std::optional<uint64_t> PrefixCache::lru_leaf(std::optional<uint64_t> keep, bool freeing) const {
   std::optional<uint64_t> oldest_key;
   uint64_t oldest = std::numeric_limits<uint64_t>::max();
   for (const auto& [key, e] : entries_) {
+    // A block's heads are adopted together: its first page tells whether a sequence shares it.
+    if (freeing && cache_.page_references(e.pages.front()) > 1) continue;
     if (e.used < oldest && key != keep && next_.count(key) == 0) {
       oldest = e.used;
       oldest_key = key;
@@ -170,7 +171,7 @@ size_t PrefixCache::reclaimable_pages() const {
 size_t PrefixCache::reclaim(size_t pages) {
   size_t freed = 0;
   while (freed < pages) {
-    const std::optional<uint64_t> victim = lru_leaf(std::nullopt);
+    const std::optional<uint64_t> victim = lru_leaf(std::nullopt, true);
     if (!victim) break;
     freed += drop(*victim);
   }

@@ -51,9 +51,9 @@ class PrefixCache {
   // Returns the tokens the cache holds for the start of `tokens`.
   int32_t publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens);
 
-  // Drops least recently used leaf blocks until `pages` pages went back to
-  // the pool (a page a sequence still holds does not count) or nothing is
-  // left to drop. Returns the pages that went back.
+  // Drops least recently used leaf blocks no sequence shares until `pages`
+  // pages went back to the pool or no such block is left. Returns the pages
+  // that went back.
   size_t reclaim(size_t pages);
 
   size_t pages_held() const { return pages_held_; }
@@ -72,8 +72,9 @@ class PrefixCache {
   const Entry* find(uint64_t parent, std::span<const int32_t> tokens, uint64_t& key) const;
   // Drops one entry (a leaf); returns the pages that went back to the pool.
   size_t drop(uint64_t key);
-  // The least recently used block nothing stored follows, other than `keep`.
-  std::optional<uint64_t> lru_leaf(std::optional<uint64_t> keep) const;
+  // The least recently used block nothing stored follows, other than
+  // `keep`; with `freeing`, only one no sequence shares (dropping it frees pages).
+  std::optional<uint64_t> lru_leaf(std::optional<uint64_t> keep, bool freeing) const;
 
   KvCache& cache_;
   uint64_t fingerprint_;

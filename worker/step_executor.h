@@ -26,6 +26,10 @@ struct SequenceStart {
   PolicyConfig policy;
   SamplingParams sampling;
   int top_logprobs = -1;  // -1: no log-probabilities; 0..20: the sampled token's plus that many alternatives
+  // Every prefill item of this sequence carries its grammar mask, so the
+  // worker may take the prompt's start from its prefix cache (a chunk may
+  // then end the prompt early and sample). False from an older coordinator.
+  bool chunks_carry_mask = false;
 };
 
 struct StepItem {
@@ -95,6 +99,7 @@ struct WorkerInfo {
   // Catalog policies this model cannot run, with why (TriAttention without
   // query statistics): the coordinator refuses them with a 400.
   std::map<std::string, std::string> unavailable_policies;
+  bool prefix_cache = false;  // it keeps prompt pages for reuse (LocalWorkerOptions::prefix_cache_bytes)
 };
 
 class StepExecutor {

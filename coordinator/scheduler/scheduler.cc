@@ -228,6 +228,7 @@ void Scheduler::admit(StepPlan& plan) {
     start.sampling = next.request.sampling;
     if (start.sampling.min_tokens > 0) start.sampling.end_tokens = tokenizer_.spec().eog_ids;
     start.top_logprobs = next.request.top_logprobs;
+    start.chunks_carry_mask = info_.prefix_cache;
     plan.start.push_back(std::move(start));
     next.started = true;
     next.prefilled = false;
@@ -321,9 +322,10 @@ bool Scheduler::step_once() {
       }
     }
     if (n <= 0) continue;
-    // The mask goes with every chunk: one may finish the prompt early when the
-    // worker took the prompt's start from its prefix cache.
-    plan.items.push_back({SeqId(seq->id), n, allowed_tokens(*seq)});
+    // With a prefix cache the mask goes with every chunk: one may finish the
+    // prompt early when the worker took the prompt's start from the cache.
+    const bool masked = n == remaining || info_.prefix_cache;
+    plan.items.push_back({SeqId(seq->id), n, masked ? allowed_tokens(*seq) : std::vector<uint32_t>{}});
     chunks[SeqId(seq->id)] = n;
     budget -= n;
     whole_prompt = whole_prompt || !seq->chunkable();

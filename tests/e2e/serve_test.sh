@@ -211,8 +211,8 @@ kill -TERM "$server_pid"; wait "$server_pid"
 # Prompt KV reuse: a server with a prefix cache gives the same greedy text as
 # one without on prompts that share a long start, counts the tokens it took
 # from the cache, and keeps a grammar's mask on a chunk that ends the prompt
-# early (64-token chunks: without the cache the prompt spans several).
-start_server
+# early (64-token chunks on both: without the cache the prompt spans several).
+start_server --max-prefill-tokens 64
 plain_url=$url plain_pid=$server_pid
 start_server --prefix-cache-mib 64 --max-prefill-tokens 64
 doc=$(/usr/bin/python3 -c "print(' '.join(f'Line {i}: the clerk checks the ledger against the manifest.' for i in range(40)))")

@@ -36,6 +36,7 @@ void to_proto(const SequenceStart& in, pb::SequenceStart* out) {
   to_proto(in.sampling, out->mutable_sampling());
   out->set_top_logprobs(in.top_logprobs);
   out->set_generated(in.generated);
+  out->set_chunks_carry_mask(in.chunks_carry_mask);
 }
 
 void to_proto(const StepItem& in, pb::StepItem* out) {
@@ -97,6 +98,7 @@ void to_proto(const WorkerInfo& in, pb::WorkerInfo* out) {
   out->set_rank(in.rank);
   out->set_world(in.world);
   for (const auto& [name, why] : in.unavailable_policies) (*out->mutable_unavailable_policies())[name] = why;
+  out->set_prefix_cache(in.prefix_cache);
 }
 
 PolicyConfig from_proto(const pb::PolicyConfig& in) {
@@ -132,6 +134,7 @@ SequenceStart from_proto(const pb::SequenceStart& in) {
   out.sampling = from_proto(in.sampling());
   out.top_logprobs = in.top_logprobs();
   out.generated = in.generated();
+  out.chunks_carry_mask = in.chunks_carry_mask();
   return out;
 }
 
@@ -197,6 +200,7 @@ WorkerInfo from_proto(const pb::WorkerInfo& in) {
   out.rank = in.rank();
   out.world = std::max(in.world(), 1);  // absent (an older worker): no group
   for (const auto& [name, why] : in.unavailable_policies()) out.unavailable_policies[name] = why;
+  out.prefix_cache = in.prefix_cache();
   return out;
 }
 

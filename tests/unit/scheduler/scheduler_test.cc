@@ -803,7 +803,9 @@ TEST_F(SchedulerTest, APrefixCacheHitShortensThePromptsChunksAndIsCounted) {
   for (int k = 0; k < 60; ++k) second.prompt.push_back(3 + (13 * k + 5) % 250);
   second.max_new_tokens = 12;
   SchedulerOptions options;
-  options.max_prefill_tokens = 40;  // 200 prompt tokens: five chunks without the cache, two (40, 20) with it
+  // 200 prompt tokens: three chunks without the cache; with it, one of the
+  // 60 left, which ends the prompt though the scheduler planned 80.
+  options.max_prefill_tokens = 80;
 
   LocalWorkerOptions plain_options = worker_options();
   LocalWorker plain(*model_, plain_options);

@@ -138,7 +138,7 @@ TEST(PrefixCache, PublishingAgainKeepsTheStoredBlocksAndAddsTheNewOnes) {
   EXPECT_EQ(pages[0][1], cache.page_ids(2, 0, 0)[1]);
 }
 
-TEST(PrefixCache, ReclaimDropsLeastRecentLeavesAndCountsOnlyPagesThatGoBack) {
+TEST(PrefixCache, ReclaimDropsLeastRecentLeavesNoSequenceShares) {
   KvCache cache(small_config());
   PrefixCache prefixes(cache, kFingerprint, 1000);
   const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -151,12 +151,15 @@ TEST(PrefixCache, ReclaimDropsLeastRecentLeavesAndCountsOnlyPagesThatGoBack) {
   std::vector<std::vector<int32_t>> pages;
   prefixes.lookup(a, 8, pages);  // a is now more recent than b
   const size_t before = cache.bytes_used();
-  EXPECT_EQ(prefixes.reclaim(1), 4u);  // b (a leaf, least recent) frees nothing; then a's block 1 frees 4
-  EXPECT_EQ(prefixes.blocks(), 1u);    // a's block 0 remains
+  EXPECT_EQ(prefixes.reclaim(1), 4u);  // b (least recent, but shared: it would free nothing) stays; a's block 1 goes
+  EXPECT_EQ(prefixes.blocks(), 2u);    // a's block 0 and b remain
   EXPECT_EQ(cache.bytes_used(), before - 4 * cache.page_bytes());
   EXPECT_EQ(prefixes.lookup(a, 8, pages), 4);
-  EXPECT_EQ(prefixes.lookup(b, 4, pages), 0);
-  EXPECT_EQ(prefixes.reclaim(100), 4u);  // everything left
+  EXPECT_EQ(prefixes.lookup(b, 4, pages), 4);
+  EXPECT_EQ(prefixes.reclaim(100), 4u);  // a's block 0; b stays while sequence 2 shares it
+  EXPECT_EQ(prefixes.pages_held(), 4u);
+  cache.remove_sequence(2);
+  EXPECT_EQ(prefixes.reclaim(100), 4u);
   EXPECT_EQ(prefixes.pages_held(), 0u);
 }
 

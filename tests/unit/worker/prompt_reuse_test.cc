@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "tests/unit/step_plans.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"
 
@@ -52,6 +53,7 @@ class PromptReuseTest : public ::testing::Test {
     start.prompt = tokens;
     start.policy = std::move(policy);
     start.top_logprobs = 0;
+    start.chunks_carry_mask = true;
     plan.start = {start};
     Run run;
     const auto step = [&](int32_t prefill) {
@@ -109,10 +111,9 @@ TEST_F(PromptReuseTest, APromptThatStartsLikeAnEarlierOneComputesOnlyTheRest) {
   EXPECT_EQ(reused.cached, 140);
   EXPECT_EQ(reused.fed, 190 - 140);
 
-  // The same tokens as a worker that computes the whole prompt, in the same
-  // chunks (a policy may act at a chunk's end).
+  // The same tokens as a worker that computes the whole prompt in one pass.
   LocalWorker plain(*model_, options(0));
-  const Run computed = generate(plain, 2, second, 140, 20);
+  const Run computed = generate(plain, 2, second, 512, 20);
   EXPECT_EQ(computed.cached, 0);
   EXPECT_EQ(computed.fed, 190);
   EXPECT_EQ(reused.tokens, computed.tokens);
@@ -122,23 +123,29 @@ TEST_F(PromptReuseTest, APromptThatStartsLikeAnEarlierOneComputesOnlyTheRest) {
   // A prompt with another start shares nothing.
   const Run other = generate(worker, 3, prompt(150, 2), 512, 1);
   EXPECT_EQ(other.cached, 0);
+  // A coordinator that sends grammar masks with the last chunk only gets none.
+  StepPlan older = plan_starting(4, second);
+  const StepResult r = worker.step(older);
+  ASSERT_EQ(r.tokens.size(), 1u);
+  EXPECT_EQ(r.tokens[0].cached_tokens, 0);
+  EXPECT_EQ(r.batch_tokens, 190);
 }
 
 TEST_F(PromptReuseTest, EvictionInOneSequenceNeverChangesAnothersSharedPrefix) {
   LocalWorker worker(*model_, options(kPrefixBytes));
   generate(worker, 1, prompt(150), 512, 1);
-  // Sequence 2 shares the prefix and evicts from it at once (a budget of 24
-  // slots): the shared pages are copied before it compacts them.
-  const Run evicting = generate(worker, 2, prompt(160), 512, 10,
-                                make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}}));
-  EXPECT_EQ(evicting.cached, 128);
-  EXPECT_EQ(evicting.tokens.size(), 11u);
+  // Sequence 2 shares the prefix and evicts from it at the prompt's end (a
+  // budget of 24 slots): the shared pages are copied before it compacts
+  // them. It evicts what one pass over its whole prompt would have left it.
+  const PolicyConfig streaming = make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}});
+  const Run evicting = generate(worker, 2, prompt(160), 512, 10, streaming);
+  EXPECT_EQ(evicting.cached, 128);  // the whole pages of sequence 1's prompt (it still runs)
+  LocalWorker plain(*model_, options(0));
+  EXPECT_EQ(evicting.tokens, generate(plain, 2, prompt(160), 512, 10, streaming).tokens);
   // Sequence 3, after that, reads the prefix as it was computed.
   const Run after = generate(worker, 3, prompt(170), 512, 10);
   EXPECT_EQ(after.cached, 128);
-  LocalWorker plain(*model_, options(0));
-  const Run computed = generate(plain, 3, prompt(170), 128, 10);
-  EXPECT_EQ(after.tokens, computed.tokens);
+  EXPECT_EQ(after.tokens, generate(plain, 3, prompt(170), 512, 10).tokens);
 }
 
 // A finished sequence leaves its generated tokens' pages too (a chat's next
@@ -155,7 +162,7 @@ TEST_F(PromptReuseTest, AReleasedSequenceLeavesItsRepliesPagesWhenNothingWasEvic
   const Run second = generate(worker, 2, next_turn, 512, 5);
   EXPECT_EQ(second.cached, 140);  // the prompt's 100 and the 40 of the reply
   LocalWorker plain(*model_, options(0));
-  EXPECT_EQ(second.tokens, generate(plain, 2, next_turn, 140, 5).tokens);
+  EXPECT_EQ(second.tokens, generate(plain, 2, next_turn, 512, 5).tokens);
 
   LocalWorker evicting(*model_, options(kPrefixBytes));
   generate(evicting, 1, first_prompt, 512, 40, make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}}));

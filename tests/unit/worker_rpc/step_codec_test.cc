@@ -23,6 +23,7 @@ auto round_trip(const Value& value) {
 
 SequenceStart sample_start(SeqId seq) {
   SequenceStart s;
+  s.chunks_carry_mask = true;
   s.seq = seq;
   s.prompt = {1, 7, 0, 49151, 3};
   s.policy = make_policy_config("lazy", {{"budget", "96"}, {"window", "16"}, {"alpha", "0.000123"}});
@@ -60,6 +61,7 @@ void expect_equal(const SequenceStart& a, const SequenceStart& b) {
   EXPECT_EQ(a.sampling.end_tokens, b.sampling.end_tokens);
   EXPECT_EQ(a.generated, b.generated);
   EXPECT_EQ(a.top_logprobs, b.top_logprobs);
+  EXPECT_EQ(a.chunks_carry_mask, b.chunks_carry_mask);
 }
 
 TEST(StepCodec, PolicyAndSamplingRoundTrip) {
@@ -168,6 +170,7 @@ TEST(StepCodec, WorkerInfoRoundTrip) {
   info.n_group = 3;
   info.rank = 1;
   info.world = 2;
+  info.prefix_cache = true;
   const WorkerInfo back = round_trip<rpc::pb::WorkerInfo>(info);
   EXPECT_EQ(back.n_ctx, info.n_ctx);
   EXPECT_EQ(back.n_vocab, info.n_vocab);
@@ -180,6 +183,7 @@ TEST(StepCodec, WorkerInfoRoundTrip) {
   EXPECT_EQ(back.n_group, info.n_group);
   EXPECT_EQ(back.rank, 1);
   EXPECT_EQ(back.world, 2);
+  EXPECT_TRUE(back.prefix_cache);
   // A message without the fields (an older worker) is a group of one.
   EXPECT_EQ(rpc::from_proto(rpc::pb::WorkerInfo()).world, 1);
 }
