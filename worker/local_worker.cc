@@ -153,10 +153,15 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
       std::fprintf(stderr, "lazykv worker: sequence %llu computes its whole prompt: %s\n",
                    static_cast<unsigned long long>(s.seq), e.what());
       cache_.remove_sequence(s.seq);
-      PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
-      shape.resumed_tokens = s.generated;
-      seq.policy = make_policy(s.policy, shape);  // it built once: it builds again
-      cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
+      try {
+        PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
+        shape.resumed_tokens = s.generated;
+        seq.policy = make_policy(s.policy, shape);  // it built once: it builds again
+        cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
+      } catch (const std::exception& again) {
+        cache_.remove_sequence(s.seq);
+        return std::string("the sequence could not start: ") + again.what();
+      }
       seq.fed = 0;
     }
     seq.cached_unreported = seq.fed;
@@ -218,15 +223,13 @@ std::span<const float> LocalWorker::run_pass(std::span<const BatchItem> items) {
 
 void LocalWorker::make_room_for_drafts(std::span<const DraftRequest> drafts) {
   if (cache_.capacity_bytes() == 0) return;
-  // At most a copy of each sequence's pages, and a page per head for the draft tokens.
+  // A copy of the policy's budget (its draft slots) and the draft tokens, in every head.
   const KvCacheConfig& c = cache_.config();
   size_t wanted = 0;
   for (const DraftRequest& d : drafts) {
-    for (int layer = 0; layer < c.n_layer; ++layer) {
-      for (int head = 0; head < cache_.heads_per_layer(d.seq); ++head) {
-        wanted += cache_.page_ids(d.seq, layer, head).size() + 1;
-      }
-    }
+    const int32_t slots = d.policy->config().budget() + d.policy->draft_wanted();
+    const size_t pages = size_t(slots + c.page_slots - 1) / size_t(c.page_slots) + 1;
+    wanted += pages * size_t(c.n_layer) * size_t(cache_.heads_per_layer(d.seq));
   }
   const size_t free = (cache_.capacity_bytes() - std::min(cache_.capacity_bytes(), cache_.bytes_used())) /
                       cache_.page_bytes();

@@ -81,7 +81,9 @@ int32_t PrefixCache::lookup(std::span<const int32_t> prompt, int32_t max_tokens,
       best_key = key;
     }
   }
-  if (best > 0) take(best_key);
+  // A few tokens are not worth a page copy in every layer and head.
+  if (best < std::max(1, block_tokens_ / 4)) return found;
+  take(best_key);
   return found + best;
 }
 
@@ -102,6 +104,10 @@ int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, int32_t
       continue;
     }
     if (entries_.count(key) != 0) break;  // another block under this key (a collision): leave it
+    if (len < block_tokens_ && touch_covering_sibling(parent, block)) {
+      stored += len;  // a tail another block (or tail) stored after `parent` starts with: nothing new
+      break;
+    }
     Entry e{parent, std::vector<int32_t>(block.begin(), block.end()), {}, ++tick_};
     e.pages.reserve(heads_);
     bool whole = true;
@@ -150,14 +156,30 @@ std::optional<uint64_t> PrefixCache::lru_leaf(std::optional<uint64_t> keep, bool
   std::optional<uint64_t> oldest_key;
   uint64_t oldest = std::numeric_limits<uint64_t>::max();
   for (const auto& [key, e] : entries_) {
-    // A block's heads are adopted together: its first page tells whether a sequence shares it.
-    if (freeing && cache_.page_references(e.pages.front()) > 1) continue;
-    if (e.used < oldest && key != keep && next_.count(key) == 0) {
+    if (e.used >= oldest || key == keep || next_.count(key) != 0) continue;
+    if (freeing && std::none_of(e.pages.begin(), e.pages.end(),
+                                [&](int32_t p) { return cache_.page_references(p) == 1; })) {
+      continue;  // every page is shared with a sequence: dropping it frees nothing
+    }
+    {
       oldest = e.used;
       oldest_key = key;
     }
   }
   return oldest_key;
+}
+
+bool PrefixCache::touch_covering_sibling(uint64_t parent, std::span<const int32_t> tail) {
+  const auto next = next_.find(parent);
+  if (next == next_.end()) return false;
+  for (const uint64_t key : next->second) {
+    Entry& e = entries_.at(key);
+    if (e.tokens.size() >= tail.size() && std::equal(tail.begin(), tail.end(), e.tokens.begin())) {
+      e.used = ++tick_;
+      return true;
+    }
+  }
+  return false;
 }
 
 size_t PrefixCache::reclaimable_pages() const {

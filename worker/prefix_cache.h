@@ -37,7 +37,7 @@ class PrefixCache {
 
   // The most tokens (at most max_tokens) at the start of `prompt` whose KV
   // is stored: whole blocks, then the longest common start of a block or
-  // tail stored after them. `pages[layer * n_head_kv + kv_head]` gets their
+  // tail stored after them (a quarter of a block at least). `pages[layer * n_head_kv + kv_head]` gets their
   // pages in order, the last one partly used when the count is not a
   // multiple of the block. Marks them used.
   int32_t lookup(std::span<const int32_t> prompt, int32_t max_tokens, std::vector<std::vector<int32_t>>& pages);
@@ -70,6 +70,10 @@ class PrefixCache {
   };
   uint64_t key_of(uint64_t parent, std::span<const int32_t> tokens) const;
   const Entry* find(uint64_t parent, std::span<const int32_t> tokens, uint64_t& key) const;
+  // Marks used, and returns true, a block or tail stored after `parent` that
+  // starts with `tail` (a sequence that adopted part of it and wrote nothing
+  // after: publishing it again would hold the same page twice).
+  bool touch_covering_sibling(uint64_t parent, std::span<const int32_t> tail);
   // Drops one entry (a leaf); returns the pages that went back to the pool.
   size_t drop(uint64_t key);
   // The least recently used block nothing stored follows, other than

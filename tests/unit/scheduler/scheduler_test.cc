@@ -790,28 +790,28 @@ TEST_F(SchedulerTest, StopEndsQueuedAndRunningSequencesWithAnError) {
   EXPECT_EQ(worker.n_sequences(), 0u);
 }
 
-// A prompt that starts like an earlier one: the worker takes that start from
-// its prefix cache; the scheduler's chunks go on from there (the first chunk
-// ends the prompt early), the tokens are those of a worker that computes it
-// all, and the metrics count the hit.
+// Prompts that start like earlier ones: the worker takes that start from its
+// prefix cache, and the scheduler's chunks go on from there, whether a later
+// chunk is needed or the first one ends the prompt early; the tokens are
+// those of a worker that computes it all, and the metrics count the hits.
 TEST_F(SchedulerTest, APrefixCacheHitShortensThePromptsChunksAndIsCounted) {
   SequenceRequest first = request(0, 4);
   first.prompt.clear();
   for (int k = 0; k < 150; ++k) first.prompt.push_back(3 + (11 * k) % 250);
   SequenceRequest second = first;
-  second.prompt.resize(140);
-  for (int k = 0; k < 60; ++k) second.prompt.push_back(3 + (13 * k + 5) % 250);
+  for (int k = 0; k < 50; ++k) second.prompt.push_back(3 + (13 * k + 5) % 250);
   second.max_new_tokens = 12;
+  SequenceRequest third = second;
+  for (int k = 0; k < 5; ++k) third.prompt.push_back(3 + (17 * k + 1) % 250);
   SchedulerOptions options;
-  // 200 prompt tokens: three chunks without the cache; with it, one of the
-  // 60 left, which ends the prompt though the scheduler planned 80.
-  options.max_prefill_tokens = 80;
+  options.max_prefill_tokens = 40;
 
-  LocalWorkerOptions plain_options = worker_options();
-  LocalWorker plain(*model_, plain_options);
+  LocalWorker plain(*model_, worker_options());
   metrics::Registry plain_registry;
   Scheduler plain_scheduler(plain, *tokenizer_, plain_registry, options);
-  const Outcome reference = collect(plain_scheduler.submit({second})).front();
+  const Outcome second_reference = collect(plain_scheduler.submit({second})).front();
+  const Outcome third_reference = collect(plain_scheduler.submit({third})).front();
+  plain_scheduler.stop("test over");
 
   LocalWorkerOptions reuse_options = worker_options();
   reuse_options.prefix_cache_bytes = size_t(16) << 20;
@@ -820,20 +820,28 @@ TEST_F(SchedulerTest, APrefixCacheHitShortensThePromptsChunksAndIsCounted) {
   Scheduler scheduler(worker, *tokenizer_, registry, options);
   EXPECT_EQ(collect(scheduler.submit({first})).front().finish, "length");
   EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 0);
-  const Outcome reused = collect(scheduler.submit({second})).front();
-  EXPECT_EQ(reused.error, "");
-  EXPECT_EQ(reused.tokens, reference.tokens);
-  EXPECT_EQ(reused.finish, reference.finish);
-  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 140);
+  // 150 taken (two whole pages, 22 tokens of the first's last); 50 left: a
+  // chunk of 40 that samples nothing, then one of 10.
+  const Outcome second_reused = collect(scheduler.submit({second})).front();
+  EXPECT_EQ(second_reused.error, "");
+  EXPECT_EQ(second_reused.tokens, second_reference.tokens);
+  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 150);
+  // 192 taken (three whole pages; the second's last page has only 8 tokens in
+  // common); 13 left, so the first chunk, planned at 40, ends the prompt.
+  const Outcome third_reused = collect(scheduler.submit({third})).front();
+  EXPECT_EQ(third_reused.error, "");
+  EXPECT_EQ(third_reused.tokens, third_reference.tokens);
+  EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitTokens).value(), 150 + 192);
   EXPECT_EQ(registry.counter(metrics::kPrefixCacheHitBytes).value(),
-            140.0 * double(worker.info().kv_bytes_per_token));
-  EXPECT_TRUE(scheduler.wait_idle(Clock::now() + std::chrono::seconds(10)));
-  // The gauge: the first sequence's three pages (two whole, its tail) and
-  // the second's third whole page (its own tail is kept once it is released).
+            342.0 * double(worker.info().kv_bytes_per_token));
+  // The cache holds the first's pages (two whole, a tail) and the second's
+  // (a whole one, a tail) since the third started; stopping releases the
+  // third, which leaves its tail.
   const WorkerInfo info = worker.info();
-  EXPECT_EQ(registry.gauge(metrics::kPrefixCacheBytes).value(),
-            4.0 * double(info.kv_page_bytes) * double(info.n_layer * info.n_head_kv));
+  const double page_set = double(info.kv_page_bytes) * double(info.n_layer * info.n_head_kv);
+  EXPECT_GE(registry.gauge(metrics::kPrefixCacheBytes).value(), 5 * page_set);
   scheduler.stop("test over");
+  EXPECT_EQ(double(worker.step(StepPlan{}).prefix_cache_bytes), 6 * page_set);
 }
 
 }  // namespace

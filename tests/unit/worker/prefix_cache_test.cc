@@ -94,6 +94,31 @@ TEST(PrefixCache, ASequencesTailIsFoundTokenByToken) {
   EXPECT_EQ(key_of_slot(cache, 1, 0, 0, 9), kPrompt[9] + 100);  // and sequence 1 keeps its own
 }
 
+// A sequence that took part of a stored tail and wrote nothing after it
+// holds that same page: ending, it stores nothing new, and the cache can
+// still give every page back.
+TEST(PrefixCache, ATailTakenAndLeftUnwrittenIsNotStoredTwice) {
+  KvCache cache(small_config());
+  PrefixCache prefixes(cache, kFingerprint, 1000);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7};
+  prefill(cache, 1, a);
+  EXPECT_EQ(prefixes.publish(1, a, 7), 7);
+  cache.remove_sequence(1);
+  const std::vector<int32_t> b = {1, 2, 3, 4, 5, 6, 9, 9};
+  std::vector<std::vector<int32_t>> pages;
+  ASSERT_EQ(prefixes.lookup(b, 6, pages), 6);
+  cache.add_sequence(2);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) cache.adopt_pages(2, l, h, pages[size_t(l * 2 + h)], 6);
+  }
+  EXPECT_EQ(prefixes.publish(2, b, 6), 6);  // its tail {5, 6} starts a's: nothing new
+  EXPECT_EQ(prefixes.blocks(), 2u);
+  EXPECT_EQ(prefixes.pages_held(), 8u);
+  cache.remove_sequence(2);
+  EXPECT_EQ(prefixes.reclaim(100), 8u);
+  EXPECT_EQ(cache.bytes_used(), 0u);
+}
+
 TEST(PrefixCache, AdoptedPagesOutliveTheirDonorAndReadAsItsPrefill) {
   KvCache cache(small_config());
   PrefixCache prefixes(cache, kFingerprint, 1000);

@@ -103,13 +103,13 @@ TEST_F(PromptReuseTest, APromptThatStartsLikeAnEarlierOneComputesOnlyTheRest) {
   EXPECT_EQ(released.prefix_cache_bytes, 3 * page_set);
   EXPECT_EQ(released.kv_bytes, 0u);
 
-  // 140 tokens in common: two whole pages and 12 tokens of the third are
-  // taken, 50 computed.
-  std::vector<int32_t> second = prompt(140);
-  for (int32_t t : prompt(50, 1)) second.push_back(t);
+  // 150 tokens in common: two whole pages and 22 tokens of the third are
+  // taken, 40 computed.
+  std::vector<int32_t> second = prompt(150);
+  for (int32_t t : prompt(40, 1)) second.push_back(t);
   const Run reused = generate(worker, 2, second, 512, 20);
-  EXPECT_EQ(reused.cached, 140);
-  EXPECT_EQ(reused.fed, 190 - 140);
+  EXPECT_EQ(reused.cached, 150);
+  EXPECT_EQ(reused.fed, 190 - 150);
 
   // The same tokens as a worker that computes the whole prompt in one pass.
   LocalWorker plain(*model_, options(0));
@@ -129,6 +129,11 @@ TEST_F(PromptReuseTest, APromptThatStartsLikeAnEarlierOneComputesOnlyTheRest) {
   ASSERT_EQ(r.tokens.size(), 1u);
   EXPECT_EQ(r.tokens[0].cached_tokens, 0);
   EXPECT_EQ(r.batch_tokens, 190);
+  // A few tokens in common with a stored block are not worth a page copy:
+  // 128 + 10 take the two whole pages only.
+  std::vector<int32_t> few = prompt(138);
+  for (int32_t t : prompt(40, 3)) few.push_back(t);
+  EXPECT_EQ(generate(worker, 5, few, 512, 0).cached, 128);
 }
 
 TEST_F(PromptReuseTest, EvictionInOneSequenceNeverChangesAnothersSharedPrefix) {
@@ -154,18 +159,18 @@ TEST_F(PromptReuseTest, EvictionInOneSequenceNeverChangesAnothersSharedPrefix) {
 TEST_F(PromptReuseTest, AReleasedSequenceLeavesItsRepliesPagesWhenNothingWasEvicted) {
   LocalWorker worker(*model_, options(kPrefixBytes));
   const std::vector<int32_t> first_prompt = prompt(100);
-  const Run first = generate(worker, 1, first_prompt, 512, 40);
+  const Run first = generate(worker, 1, first_prompt, 512, 50);
   release(worker, 1);
   std::vector<int32_t> next_turn = first_prompt;
-  next_turn.insert(next_turn.end(), first.tokens.begin(), first.tokens.end() - 1);  // the 40 it fed
+  next_turn.insert(next_turn.end(), first.tokens.begin(), first.tokens.end() - 1);  // the 50 it fed
   for (int32_t t : prompt(30, 1)) next_turn.push_back(t);
   const Run second = generate(worker, 2, next_turn, 512, 5);
-  EXPECT_EQ(second.cached, 140);  // the prompt's 100 and the 40 of the reply
+  EXPECT_EQ(second.cached, 150);  // the prompt's 100 and the 50 of the reply
   LocalWorker plain(*model_, options(0));
   EXPECT_EQ(second.tokens, generate(plain, 2, next_turn, 512, 5).tokens);
 
   LocalWorker evicting(*model_, options(kPrefixBytes));
-  generate(evicting, 1, first_prompt, 512, 40, make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}}));
+  generate(evicting, 1, first_prompt, 512, 50, make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}}));
   release(evicting, 1);
   EXPECT_EQ(generate(evicting, 2, next_turn, 512, 0).cached, 64);  // the prompt's page, kept before it evicted
 }
