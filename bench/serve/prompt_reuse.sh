@@ -6,13 +6,15 @@
 #   document: a prompt of about DOC_TOKENS tokens sent once, then QUESTIONS
 #             prompts that start with its first ~95% and end with a question
 #             of their own;
-#   chat:     a conversation of TURNS turns, each prompt the previous one plus
-#             the reply and a new user message.
+#   chat:     a conversation of TURNS turns over a system prompt of
+#             SYSTEM_SENTENCES sentences (~17 tokens each), each prompt the
+#             previous one plus the reply and a new user message; with the
+#             defaults it grows to about 4,000 tokens.
 # Prints one JSON object: per workload and server the TTFT of each request
 # (median of the reused ones), the speed-up, whether both servers' greedy
 # replies were the same, and the prefix cache's counters from /metrics.
 #   usage: bench/serve/prompt_reuse.sh LAZYKV_BINARY MODEL.gguf
-#   env:   THREADS (2), DOC_TOKENS (2000), QUESTIONS (5), TURNS (8), PREFIX_MIB (256),
+#   env:   THREADS (2), DOC_TOKENS (2000), QUESTIONS (5), TURNS (10), SYSTEM_SENTENCES (210), PREFIX_MIB (256),
 #          LLAMA_SERVER (llama.cpp's llama-server binary: the same workloads on it, the peer)
 set -euo pipefail
 shopt -s inherit_errexit
@@ -20,7 +22,8 @@ bin=$1 model=$2
 threads=${THREADS:-2}
 doc_tokens=${DOC_TOKENS:-2000}
 questions=${QUESTIONS:-5}
-turns=${TURNS:-8}
+turns=${TURNS:-10}
+system_sentences=${SYSTEM_SENTENCES:-210}
 prefix_mib=${PREFIX_MIB:-256}
 source "$(dirname "$0")/servers.sh"
 
@@ -37,11 +40,12 @@ if [ -n "${LLAMA_SERVER:-}" ]; then
   curl -sf "$llama/health" >/dev/null || { cat "$work/llama.log" >&2; exit 1; }
 fi
 
-python3 - "$cached" "$plain" "$doc_tokens" "$questions" "$turns" "$llama" <<'PY'
+python3 - "$cached" "$plain" "$doc_tokens" "$questions" "$turns" "$llama" "$system_sentences" <<'PY'
 import json, statistics, sys, time, urllib.request
 
 cached, plain, llama = sys.argv[1], sys.argv[2], sys.argv[6]
 doc_tokens, questions, turns = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+system_sentences = int(sys.argv[7])
 
 def model_id(url):
     return json.load(urllib.request.urlopen(url + "/v1/models", timeout=30))["data"][0]["id"]
@@ -78,7 +82,7 @@ def prompt_tokens(url, text):
 
 # A document of about doc_tokens tokens: numbered sentences, deterministic.
 words = "the ledger lists each shipment by weight and port while the clerk checks totals against the manifest".split()
-sentences = [f"Entry {i}: " + " ".join(words[(i + k) % len(words)] for k in range(12)) + "." for i in range(2000)]
+sentences = [f"Entry {i}: " + " ".join(words[(i + k) % len(words)] for k in range(12)) + "." for i in range(4000)]
 lo, hi = 1, doc_tokens // 8 + 1  # a sentence is more than 8 tokens
 while lo < hi:  # the fewest sentences reaching doc_tokens
     mid = (lo + hi) // 2
@@ -98,14 +102,17 @@ def document_run(url):
             "median_ttft_s": round(statistics.median(reused), 4), "texts": [text for _, text in runs]}
 
 def chat_run(url):
-    messages = [{"role": "system", "content": " ".join(sentences[:60])}]
+    messages = [{"role": "system", "content": " ".join(sentences[:system_sentences])}]
     times = []
     for t in range(turns):
         messages.append({"role": "user", "content": f"Turn {t}: summarise entry {t} in a few words."})
         first, reply = ttft(url, "/v1/chat/completions", {"messages": messages, "max_tokens": 24})
         times.append(round(first, 4))
         messages.append({"role": "assistant", "content": reply})
+    with post(plain, "/v1/chat/completions", {"messages": messages[:-1], "max_tokens": 1}) as resp:
+        last_prompt_tokens = json.load(resp)["usage"]["prompt_tokens"]
     return {"ttft_s": times, "median_ttft_s": round(statistics.median(times[1:]), 4),
+            "total_ttft_s": round(sum(times), 3), "last_prompt_tokens": last_prompt_tokens,
             "texts": [m["content"] for m in messages if m["role"] == "assistant"]}
 
 def metrics(url):
@@ -124,11 +131,15 @@ for name, run in (("document", document_run), ("chat", chat_run)):
     result[name] = {"prefix_cache": with_cache, "no_prefix_cache": without,
                     "ttft_speedup": round(without["median_ttft_s"] / with_cache["median_ttft_s"], 2),
                     "same_replies": same}
+    if "total_ttft_s" in with_cache:  # the whole conversation's prefill time
+        result[name]["total_ttft_speedup"] = round(without["total_ttft_s"] / with_cache["total_ttft_s"], 2)
     if llama:
         peer = run(llama)
         peer.pop("texts")
         result[name]["llama_server"] = peer
         result[name]["ttft_vs_llama_server"] = round(peer["median_ttft_s"] / with_cache["median_ttft_s"], 2)
+        if "total_ttft_s" in peer:
+            result[name]["total_ttft_vs_llama_server"] = round(peer["total_ttft_s"] / with_cache["total_ttft_s"], 2)
 result["prefix_cache_metrics"] = metrics(cached)
 print(json.dumps(result, indent=2))
 PY

@@ -175,6 +175,39 @@ TEST_F(PromptReuseTest, AReleasedSequenceLeavesItsRepliesPagesWhenNothingWasEvic
   EXPECT_EQ(generate(evicting, 2, next_turn, 512, 0).cached, 64);  // the prompt's page, kept before it evicted
 }
 
+// Every policy, after a shared prefix (evicting from it included), gives the
+// tokens it gives without the cache.
+TEST_F(PromptReuseTest, EveryPolicyGivesTheSameTokensWithAndWithoutTheCache) {
+  std::vector<int32_t> shared_then_own = prompt(150);
+  for (int32_t t : prompt(40, 1)) shared_then_own.push_back(t);
+  const std::vector<PolicyConfig> policies = {
+      make_policy_config("full"),
+      make_policy_config("lazy", {{"budget", "100"}, {"window", "16"}}),
+      make_policy_config("lazy+tiers", {{"budget", "100"}, {"window", "16"}}),
+      make_policy_config("streaming", {{"budget", "24"}, {"sinks", "4"}}),
+      make_policy_config("h2o", {{"budget", "100"}}),
+      make_policy_config("tova", {{"budget", "100"}}),
+      make_policy_config("snapkv", {{"budget", "100"}, {"window", "16"}}),
+      make_policy_config("rkv", {{"budget", "100"}}),
+      make_policy_config("raas", {{"budget", "100"}}),
+      make_policy_config("caote", {{"budget", "100"}}),
+      make_policy_config("obcache", {{"budget", "100"}}),
+      make_policy_config("vase", {{"budget", "100"}, {"window", "32"}}),
+      make_policy_config("laq", {{"budget", "100"}}),
+  };
+  for (const PolicyConfig& policy : policies) {
+    LocalWorker worker(*model_, options(kPrefixBytes));
+    generate(worker, 1, prompt(150), 512, 3);
+    release(worker, 1);
+    const Run reused = generate(worker, 2, shared_then_own, 512, 20, policy);
+    LocalWorker plain(*model_, options(0));
+    const Run computed = generate(plain, 2, shared_then_own, 512, 20, policy);
+    EXPECT_EQ(reused.tokens, computed.tokens) << policy.to_string();
+    EXPECT_EQ(reused.tokens.size(), 21u) << policy.to_string();
+    EXPECT_EQ(reused.cached, policy.name == "h2o" ? 0 : 150) << policy.to_string();
+  }
+}
+
 TEST_F(PromptReuseTest, PoliciesThatNeedThePromptsQueriesComputeThem) {
   LocalWorker worker(*model_, options(kPrefixBytes));
   generate(worker, 1, prompt(200), 512, 0);
