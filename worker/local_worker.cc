@@ -131,9 +131,7 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
     return e.what();
   }
   try {
-    PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
-    shape.resumed_tokens = s.generated;
-    seq.policy = make_policy(s.policy, shape);
+    seq.policy = make_sequence_policy(s);
   } catch (const Error& e) {
     invalid_request = e.code() == ErrorCode::kInvalidArgument;
     return e.what();
@@ -154,9 +152,7 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
                    static_cast<unsigned long long>(s.seq), e.what());
       cache_.remove_sequence(s.seq);
       try {
-        PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
-        shape.resumed_tokens = s.generated;
-        seq.policy = make_policy(s.policy, shape);  // it built once: it builds again
+        seq.policy = make_sequence_policy(s);  // it built once: it builds again
         cache_.add_sequence(s.seq, seq.policy->heads_per_layer());
       } catch (const std::exception& again) {
         cache_.remove_sequence(s.seq);
@@ -168,6 +164,12 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
   }
   seqs_.emplace(s.seq, std::move(seq));
   return "";
+}
+
+std::unique_ptr<EvictionPolicy> LocalWorker::make_sequence_policy(const SequenceStart& s) const {
+  PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
+  shape.resumed_tokens = s.generated;
+  return make_policy(s.policy, shape);
 }
 
 int32_t LocalWorker::adopt_prefix(SeqId id, Sequence& seq) {

@@ -72,6 +72,8 @@ class LocalWorker final : public StepExecutor {
   // set when its policy was refused (StepResult::invalid).
   std::string start(const SequenceStart& s, bool& invalid_request);
   void fill_logprobs(std::span<const float> logits, int top, SampledToken& out);
+  // The sequence's policy for its prompt (Error(kInvalidArgument) when the shape or prompt does not suit it).
+  std::unique_ptr<EvictionPolicy> make_sequence_policy(const SequenceStart& s) const;
   // Adopts the longest stored start of the new sequence's prompt its policy
   // allows; returns the prompt tokens adopted.
   int32_t adopt_prefix(SeqId id, Sequence& seq);
