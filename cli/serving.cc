@@ -89,6 +89,10 @@ void add_local_worker_flags(Flags& flags) {
       .add("prefix-cache-mib", "0",
            "prompt KV reuse: up to this many MiB of the KV cache keep prompt pages for later prompts that start "
            "the same way (given back when sequences need the room); 0 is off; one-rank workers only")
+      .add_switch("prefix-cache-tiers",
+                  "with --prefix-cache-mib: prompt blocks also go to the tiers (the --kvstore every worker of the "
+                  "node shares, or this process's host and NVMe tiers), and a prompt fetches from there what the "
+                  "prefix cache lacks")
       .add("device", "cpu", "where the forward pass runs: cpu, or cuda (a GPU; needs a build with the CUDA toolkit)")
       .add("cuda-device", "-1",
            "with --device cuda or --collective nccl: this rank's CUDA device (-1: rank modulo the devices)")
@@ -111,6 +115,10 @@ LocalWorkerOptions local_worker_options_from_flags(const Flags& flags, const Tok
   options.n_vocab = tokenizer.n_vocab();
   options.kv_capacity_bytes = size_t(kv_mib) << 20;
   options.prefix_cache_bytes = size_t(flags.get_int_in("prefix-cache-mib", 0, kv_mib)) << 20;
+  options.prefix_tiers = flags.get_bool("prefix-cache-tiers");
+  if (options.prefix_tiers && options.prefix_cache_bytes == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "--prefix-cache-tiers needs a prefix cache (--prefix-cache-mib > 0)");
+  }
   options.precision = parse_activations(flags.get("activations"));
   options.device = parse_compute_device(flags.get("device"));
   options.cuda_device = check_device_flags(flags, rank);

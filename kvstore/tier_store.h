@@ -53,6 +53,9 @@ struct TierStoreOptions {
 
 struct BlockHint {
   uint64_t steps_until_use = paging::kNever;  // predicted steps until the block is read again
+  // Put: a block any worker may read (a prompt block keyed by its content),
+  // so the kvstore keeps it when the worker that put it goes.
+  bool shared = false;
 };
 
 struct TierStoreStats {

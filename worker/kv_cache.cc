@@ -166,6 +166,22 @@ void KvCache::replace_with_copy(HeadTable& h, size_t index, int32_t copy) {
   mark_written(copy);
 }
 
+int32_t KvCache::load_page(std::span<const uint8_t> bytes) {
+  if (bytes.size() != page_bytes_) {
+    throw Error(ErrorCode::kInvalidArgument, "kv cache: a page of " + std::to_string(bytes.size()) +
+                                                 " bytes where pages are " + std::to_string(page_bytes_));
+  }
+  int32_t page = -1;
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    if (config_.capacity_bytes != 0 && (pages_in_use_ + 1) * page_bytes_ > config_.capacity_bytes) return -1;
+    page = take_page_locked();
+  }
+  std::memcpy(page_keys(page), bytes.data(), bytes.size());
+  mark_written(page);
+  return page;
+}
+
 void KvCache::release_pages(std::span<const int32_t> pages) {
   for (int32_t p : pages) give_page(p);
 }

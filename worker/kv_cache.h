@@ -111,6 +111,11 @@ class KvCache {
   void release_pages(std::span<const int32_t> pages);
   // References to `page` now (0: free).
   int32_t page_references(int32_t page) const;
+  // A new page holding `bytes` (page_bytes() of them, in the page layout
+  // below), with one reference for the caller (release_pages returns it).
+  // Returns -1, taking nothing, when the capacity has no room for it.
+  // Error(kInvalidArgument) for a size other than page_bytes().
+  int32_t load_page(std::span<const uint8_t> bytes);
 
   // --- page access, for a mirror of the pool in device memory ---
   // A page is page_bytes() bytes: keys [head_dim][page_slots] f16, then values

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "kvstore/block.h"
 #include "worker/draft.h"
 
 namespace lazykv {
@@ -22,14 +23,30 @@ TensorParallelGroup& solo_group() {
   return solo;
 }
 
-// What a prompt's KV depends on besides its tokens: the model, and how this
-// worker computes and stores it. Seeds the prefix cache's key chain.
+// What a prompt's KV depends on besides its tokens: the weights, and how
+// this worker computes and stores it. Seeds the prefix cache's key chain,
+// which names prompt blocks in a kvstore other workers share, so it names the
+// weights by content, never by path: the first and last KiB of every matrix
+// (enough to tell models apart without reading the files whole).
 uint64_t prefix_fingerprint(const Model& model, const LocalWorkerOptions& options, const KvCacheConfig& cache) {
-  const std::string what = model.path() + '|' + std::to_string(model.weight_bytes()) + '|' +
-                           std::to_string(int(options.precision)) + '|' + std::to_string(int(options.device)) + '|' +
-                           std::to_string(cache.n_layer) + '|' + std::to_string(cache.n_head_kv) + '|' +
-                           std::to_string(cache.head_dim) + '|' + std::to_string(cache.page_slots);
-  return std::hash<std::string>{}(what);
+  std::string what = std::to_string(model.weight_bytes()) + '|' + std::to_string(int(options.precision)) + '|' +
+                     std::to_string(int(options.device)) + '|' + std::to_string(cache.n_layer) + '|' +
+                     std::to_string(cache.n_head_kv) + '|' + std::to_string(cache.head_dim) + '|' +
+                     std::to_string(cache.page_slots) + '|';
+  const auto sample = [&what](const cpu::WeightMatrix& w) {
+    const size_t bytes = size_t(w.rows) * row_bytes(w.type, size_t(w.cols));
+    const size_t n = std::min<size_t>(bytes, 1024);
+    const auto* data = static_cast<const char*>(w.data);
+    if (data == nullptr) return;
+    what.append(data, n);
+    what.append(data + bytes - n, n);
+  };
+  sample(model.token_embd());
+  sample(model.output());
+  for (const LayerWeights& l : model.layers()) {
+    for (const cpu::WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) sample(*w);
+  }
+  return kvstore::block_checksum(std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
 }
 
 }  // namespace
@@ -57,7 +74,11 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
     // At least one block: a page in every layer and KV head.
     const size_t block_pages = size_t(cache_.config().n_layer) * size_t(cache_.config().n_head_kv);
     const size_t pages = std::max(options_.prefix_cache_bytes / cache_.page_bytes(), block_pages);
-    prefix_ = std::make_unique<PrefixCache>(cache_, prefix_fingerprint(model, options_, cache_.config()), pages);
+    const uint64_t fingerprint = prefix_fingerprint(model, options_, cache_.config());
+    prefix_ = std::make_unique<PrefixCache>(cache_, fingerprint, pages);
+    if (options_.prefix_tiers) {
+      prefix_tier_ = std::make_unique<tiers::PrefixTier>(cache_, *prefix_, fingerprint, tiers::process_tiers());
+    }
     forward_->set_appended_hook([this](std::span<const BatchItem> batch) { publish_prompts(batch); });
   }
 }
@@ -92,7 +113,7 @@ void LocalWorker::release(SeqId seq) {
   if (prefix_ != nullptr && s.policy->evicted_slots() == 0) {
     std::vector<int32_t> tokens = s.prompt;
     tokens.insert(tokens.end(), s.decoded.begin(), s.decoded.end());
-    prefix_->publish(seq, tokens, s.fed);  // with the last page's tail: no more is written to it
+    publish(seq, tokens, s.fed);  // with the last page's tail: no more is written to it
   }
   seqs_.erase(found);
   cache_.remove_sequence(seq);
@@ -175,7 +196,9 @@ std::unique_ptr<EvictionPolicy> LocalWorker::make_sequence_policy(const Sequence
 int32_t LocalWorker::adopt_prefix(SeqId id, Sequence& seq) {
   const KvCacheConfig& c = cache_.config();
   if (cache_.heads_per_layer(id) != c.n_head_kv) return 0;  // caches per query head are not shared
-  const int32_t n = prefix_->lookup(seq.prompt, seq.policy->reusable_prompt(), prefix_pages_);
+  const int32_t reusable = seq.policy->reusable_prompt();
+  if (prefix_tier_ != nullptr) prefix_tier_->fetch(seq.prompt, reusable);
+  const int32_t n = prefix_->lookup(seq.prompt, reusable, prefix_pages_);
   if (n == 0) return 0;
   for (int layer = 0; layer < c.n_layer; ++layer) {
     for (int head = 0; head < c.n_head_kv; ++head) {
@@ -200,8 +223,18 @@ void LocalWorker::publish_prompts(std::span<const BatchItem> batch) {
     // without the evicted ones: not those of the prompt alone.
     if (seq.policy->evicted_slots() > 0) continue;
     const int32_t cached = std::min(item.start_pos + int32_t(item.tokens.size()), prompt_len);
-    prefix_->publish(item.seq, seq.prompt, cached / page_slots * page_slots);  // whole pages: it appends to the last
+    publish(item.seq, seq.prompt, cached / page_slots * page_slots);  // whole pages: it appends to the last
   }
+}
+
+void LocalWorker::publish(SeqId id, std::span<const int32_t> tokens, int32_t n_tokens) {
+  if (prefix_tier_ == nullptr) {
+    prefix_->publish(id, tokens, n_tokens);
+    return;
+  }
+  new_blocks_.clear();
+  prefix_->publish(id, tokens, n_tokens, &new_blocks_);
+  prefix_tier_->put(new_blocks_, tokens);
 }
 
 std::span<const float> LocalWorker::run_pass(std::span<const BatchItem> items) {
@@ -268,6 +301,12 @@ StepResult LocalWorker::step(const StepPlan& plan) {
     if (prefix_ != nullptr) {
       result.kv_bytes -= prefix_->reclaimable_pages() * cache_.page_bytes();
       result.prefix_cache_bytes = prefix_->pages_held() * cache_.page_bytes();
+    }
+    if (prefix_tier_ != nullptr) {
+      result.prefix_fetched_bytes = size_t(prefix_tier_->fetched_bytes() - fetched_reported_);
+      result.prefix_fetch_seconds = prefix_tier_->fetch_seconds() - fetch_seconds_reported_;
+      fetched_reported_ = prefix_tier_->fetched_bytes();
+      fetch_seconds_reported_ = prefix_tier_->fetch_seconds();
     }
   };
   for (SeqId seq : plan.release) release(seq);

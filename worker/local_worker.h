@@ -21,6 +21,7 @@
 #include "worker/policy/policy.h"
 #include "worker/prefix_cache.h"
 #include "worker/step_executor.h"
+#include "worker/tiers/prefix_tier.h"
 
 namespace lazykv {
 
@@ -38,6 +39,10 @@ struct LocalWorkerOptions {
   // 0: off. Only on a worker that is not a rank of a group (ranks would have
   // to agree on every hit).
   size_t prefix_cache_bytes = 0;
+  // With a prefix cache: its whole blocks also go to the process's tiers
+  // (tiers::process_tiers: the node's kvstore, or in-process), and a prompt
+  // fetches from there what the prefix cache lacks (tiers::PrefixTier).
+  bool prefix_tiers = false;
 };
 
 class LocalWorker final : public StepExecutor {
@@ -79,6 +84,8 @@ class LocalWorker final : public StepExecutor {
   int32_t adopt_prefix(SeqId id, Sequence& seq);
   // The appended hook: every whole page of each prompt chunk just cached.
   void publish_prompts(std::span<const BatchItem> batch);
+  // PrefixCache::publish, and the blocks it stored to the tiers (prefix_tier_).
+  void publish(SeqId id, std::span<const int32_t> tokens, int32_t n_tokens);
   // Gives back prefix-cache pages until the drafts' copies fit (run_drafts
   // does not reclaim: a draft that does not fit would just be shorter).
   void make_room_for_drafts(std::span<const DraftRequest> drafts);
@@ -96,6 +103,10 @@ class LocalWorker final : public StepExecutor {
   KvCache cache_;
   std::unique_ptr<PrefixCache> prefix_;  // after cache_: it releases its pages first
   std::vector<std::vector<int32_t>> prefix_pages_;  // adopt_prefix scratch
+  std::unique_ptr<tiers::PrefixTier> prefix_tier_;  // with options.prefix_tiers
+  std::vector<PrefixCache::NewBlock> new_blocks_;   // publish scratch
+  uint64_t fetched_reported_ = 0;  // prefix_tier_->fetched_bytes() already in a StepResult
+  double fetch_seconds_reported_ = 0;  // and its fetch_seconds()
   std::unique_ptr<ForwardBackend> forward_;
   std::unordered_map<SeqId, Sequence> seqs_;
   std::vector<int32_t> top_ids_;  // fill_logprobs scratch

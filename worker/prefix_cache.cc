@@ -87,7 +87,8 @@ int32_t PrefixCache::lookup(std::span<const int32_t> prompt, int32_t max_tokens,
   return found + best;
 }
 
-int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens) {
+int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens,
+                             std::vector<NewBlock>* added) {
   const KvCacheConfig& c = cache_.config();
   if (cache_.heads_per_layer(seq) != c.n_head_kv) return 0;  // per-query-head caches are not published
   const int32_t limit = std::min<int32_t>(n_tokens, int32_t(tokens.size()));
@@ -119,21 +120,64 @@ int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, int32_t
         if (whole) e.pages.push_back(cache_.page_ids(seq, layer, head)[size_t(stored / block_tokens_)]);
       }
     }
-    if (!whole) break;
-    while (pages_held_ + heads_ > max_pages_) {  // room within max_pages, never at this prompt's own blocks
-      const std::optional<uint64_t> victim = lru_leaf(parent, false);
-      if (!victim) break;
-      drop(*victim);
-    }
-    if (pages_held_ + heads_ > max_pages_) break;
+    if (!whole || !make_room(parent)) break;
     cache_.retain_pages(e.pages);
-    pages_held_ += heads_;
-    next_[parent].push_back(key);
-    entries_.emplace(key, std::move(e));
+    if (added != nullptr && len == block_tokens_) added->push_back(NewBlock{key, stored, e.pages});
+    add(key, std::move(e));
     parent = key;
     stored += len;
   }
   return stored;
+}
+
+bool PrefixCache::make_room(uint64_t parent) {
+  while (pages_held_ + heads_ > max_pages_) {  // never at the new block's own chain
+    const std::optional<uint64_t> victim = lru_leaf(parent, false);
+    if (!victim) return false;
+    drop(*victim);
+  }
+  return true;
+}
+
+void PrefixCache::add(uint64_t key, Entry e) {
+  pages_held_ += heads_;
+  next_[e.parent].push_back(key);
+  entries_.emplace(key, std::move(e));
+}
+
+std::vector<uint64_t> PrefixCache::block_keys(std::span<const int32_t> tokens, int32_t n_blocks) const {
+  std::vector<uint64_t> keys;
+  uint64_t parent = fingerprint_;
+  for (int32_t b = 0; b < n_blocks && size_t(b + 1) * size_t(block_tokens_) <= tokens.size(); ++b) {
+    parent = key_of(parent, tokens.subspan(size_t(b) * size_t(block_tokens_), size_t(block_tokens_)));
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+int32_t PrefixCache::stored_blocks(std::span<const int32_t> tokens, int32_t max_blocks) const {
+  uint64_t parent = fingerprint_;
+  int32_t b = 0;
+  for (; b < max_blocks && size_t(b + 1) * size_t(block_tokens_) <= tokens.size(); ++b) {
+    uint64_t key = 0;
+    if (find(parent, tokens.subspan(size_t(b) * size_t(block_tokens_), size_t(block_tokens_)), key) == nullptr) break;
+    parent = key;
+  }
+  return b;
+}
+
+bool PrefixCache::insert(std::span<const int32_t> tokens, int32_t index, std::span<const int32_t> pages) {
+  if (pages.size() != heads_ || index < 0 || size_t(index + 1) * size_t(block_tokens_) > tokens.size() ||
+      stored_blocks(tokens, index) != index) {
+    throw Error(ErrorCode::kInvalidArgument, "prefix cache: insert of a block whose chain is not stored");
+  }
+  const uint64_t parent = index == 0 ? fingerprint_ : block_keys(tokens, index).back();
+  const auto block = tokens.subspan(size_t(index) * size_t(block_tokens_), size_t(block_tokens_));
+  uint64_t key = 0;
+  if (find(parent, block, key) != nullptr || entries_.count(key) != 0 || !make_room(parent)) return false;
+  add(key, Entry{parent, std::vector<int32_t>(block.begin(), block.end()),
+                 std::vector<int32_t>(pages.begin(), pages.end()), ++tick_});
+  return true;
 }
 
 size_t PrefixCache::drop(uint64_t key) {

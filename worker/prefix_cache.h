@@ -42,14 +42,34 @@ class PrefixCache {
   // multiple of the block. Marks them used.
   int32_t lookup(std::span<const int32_t> prompt, int32_t max_tokens, std::vector<std::vector<int32_t>>& pages);
 
+  // A whole block publish() stored that was not stored before.
+  struct NewBlock {
+    uint64_t key = 0;
+    int32_t first = 0;           // position of its first token
+    std::vector<int32_t> pages;  // [layer * n_head_kv + kv_head]
+  };
+
   // Stores the first `n_tokens` of `tokens` from sequence `seq`, which must
   // hold them from position 0 in every (layer, KV head) (one cache head per
   // KV head): whole blocks, then what is left (under a block) as a tail. A
   // head that was compacted or holds other positions ends the publication
   // there. Publish a tail only once the sequence writes no more to that
   // page (at its end). Blocks stored already are kept (and marked used).
-  // Returns the tokens the cache holds for the start of `tokens`.
-  int32_t publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens);
+  // Returns the tokens the cache holds for the start of `tokens`; `added`,
+  // when given, receives the whole blocks stored by this call.
+  int32_t publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens,
+                  std::vector<NewBlock>* added = nullptr);
+
+  // --- whole blocks from elsewhere (a tier: PrefixTier) ---
+  // The chain keys of the first n_blocks whole blocks of `tokens`.
+  std::vector<uint64_t> block_keys(std::span<const int32_t> tokens, int32_t n_blocks) const;
+  // How many whole blocks at the start of `tokens` (at most max_blocks) are stored.
+  int32_t stored_blocks(std::span<const int32_t> tokens, int32_t max_blocks) const;
+  // Stores whole block `index` of `tokens` (blocks 0 .. index - 1 must be
+  // stored) from `pages`, one per (layer, KV head), whose references the
+  // caller hands over. Returns false, taking none of them, when the block is
+  // there already or there is no room.
+  bool insert(std::span<const int32_t> tokens, int32_t index, std::span<const int32_t> pages);
 
   // Drops least recently used leaf blocks no sequence shares until `pages`
   // pages went back to the pool or no such block is left. Returns the pages
@@ -74,6 +94,11 @@ class PrefixCache {
   // starts with `tail` (a sequence that adopted part of it and wrote nothing
   // after: publishing it again would hold the same page twice).
   bool touch_covering_sibling(uint64_t parent, std::span<const int32_t> tail);
+  // Drops least recently used leaves (never `parent`) until one more block
+  // fits within max_pages; false if it cannot.
+  bool make_room(uint64_t parent);
+  // Stores e under key; the cache takes the caller's references to e.pages.
+  void add(uint64_t key, Entry e);
   // Drops one entry (a leaf); returns the pages that went back to the pool.
   size_t drop(uint64_t key);
   // The least recently used block nothing stored follows, other than

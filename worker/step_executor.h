@@ -82,6 +82,8 @@ struct StepResult {
   size_t kv_bytes = 0;       // pages in use by sequences (a prefix cache's own pages left out: they give way)
   size_t kv_pool_bytes = 0;  // pages the pool holds, in use or free
   size_t prefix_cache_bytes = 0;  // pages the prefix cache holds, shared with sequences or not
+  size_t prefix_fetched_bytes = 0;  // prompt blocks fetched from the tiers into it this step
+  double prefix_fetch_seconds = 0;  // the time this step spent on those fetches (misses too)
 };
 
 struct WorkerInfo {

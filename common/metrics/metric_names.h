@@ -132,6 +132,14 @@ inline constexpr MetricDef kPrefixCacheSavedSeconds{
     "lazykv_prefix_cache_saved_seconds_total", MetricType::kCounter,
     "Prefill time the prefix cache saved, estimated: hit tokens times the fitted prefill seconds per token.",
     no_labels(), no_buckets()};
+inline constexpr MetricDef kPrefixCacheFetchedBytes{
+    "lazykv_prefix_cache_fetched_bytes_total", MetricType::kCounter,
+    "Bytes of prompt blocks fetched from the tiers (kvstore, host, NVMe) into the prefix cache "
+    "(--prefix-cache-tiers).",
+    no_labels(), no_buckets()};
+inline constexpr MetricDef kPrefixCacheFetchSeconds{
+    "lazykv_prefix_cache_fetch_seconds_total", MetricType::kCounter,
+    "Time steps spent fetching prompt blocks from the tiers (blocks found and missed).", no_labels(), no_buckets()};
 inline constexpr MetricDef kPrefixCacheBytes{
     "lazykv_prefix_cache_bytes", MetricType::kGauge,
     "Bytes of prompt KV pages the prefix cache holds (shared with running sequences or not).", no_labels(),
@@ -206,13 +214,14 @@ inline constexpr MetricDef kRouterWaiting{
     no_labels(), no_buckets()};
 
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 44> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 46> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
     &kRequests,         &kPromptTokens,      &kGenerationTokens, &kReasoningTokens, &kPreemptions,    &kErrors,
     &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,
     &kEvictionsByPhase, &kDemotions,
     &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration,
-    &kPrefixCacheHitTokens, &kPrefixCacheHitBytes, &kPrefixCacheSavedSeconds, &kPrefixCacheBytes, &kKvstoreBlocks,
+    &kPrefixCacheHitTokens, &kPrefixCacheHitBytes, &kPrefixCacheSavedSeconds, &kPrefixCacheFetchedBytes,
+    &kPrefixCacheFetchSeconds, &kPrefixCacheBytes, &kKvstoreBlocks,
     &kKvstoreLeases,    &kKvstorePoolFragmentation, &kKvstoreRequests, &kKvstoreNvmeAdmissions, &kTransportInfo,
     &kStepDuration,
     &kStepBatchSize,    &kStepTokens,        &kWorkerUp,         &kBuildInfo,

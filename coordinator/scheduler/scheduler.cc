@@ -437,6 +437,8 @@ bool Scheduler::step_once() {
   metrics_.gauge(metrics::kKvBytes, {"device"}).set(double(result.kv_bytes));
   metrics_.gauge(metrics::kKvPoolBytes, {"device"}).set(double(result.kv_pool_bytes));
   metrics_.gauge(metrics::kPrefixCacheBytes).set(double(result.prefix_cache_bytes));
+  metrics_.counter(metrics::kPrefixCacheFetchedBytes).inc(double(result.prefix_fetched_bytes));
+  metrics_.counter(metrics::kPrefixCacheFetchSeconds).inc(result.prefix_fetch_seconds);
   for (const SampledToken& sampled : result.tokens) {
     auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return SeqId(s->id) == sampled.seq; });
     if (it == running_.end() || (*it)->done) continue;

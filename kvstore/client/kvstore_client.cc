@@ -83,6 +83,7 @@ void KvstoreClient::put(const BlockKey& key, std::span<const uint8_t> bytes, Blo
   to_proto(key, header.mutable_key());
   header.set_checksum(block_checksum(bytes));
   header.set_steps_until_use(hint.steps_until_use);
+  header.set_shared(hint.shared);
   call(kOpPut, serialize(header), bytes, {}, "put");
 }
 

@@ -126,7 +126,7 @@ transport::PayloadSink KvstoreService::payload_sink(transport::PeerId peer, uint
     pending->checksum = put.checksum();
     pending->started = Clock::now();
     pending->reservation = tiers_->reserve_put(peer, pending->key, bytes, BlockHint{put.steps_until_use()});
-    {
+    if (!put.shared()) {  // dropped with the peer
       std::lock_guard lock(peers_mutex_);
       fingerprints_of_peer_[peer].insert(pending->key.model_fingerprint);
     }

@@ -227,6 +227,8 @@ def main():
         ({"extraEnv.LAZYKV_THREADS": 2}, "extraEnv.LAZYKV_THREADS: the chart sets it from its own value"),
         ({"extraEnv.LAZYKV_KV_BUDGET": 64}, "extraEnv.LAZYKV_KV_BUDGET: the chart sets it"),
         ({"mode": "distributed", "router.enabled": "true"}, "router.enabled needs mode: serve"),
+        ({"prefixCacheTiers": "true", "kvstore.enabled": "true"}, "prefixCacheTiers needs a prefix cache"),
+        ({"prefixCacheTiers": "true", "prefixCacheMiB": 64}, "prefixCacheTiers needs a prefix cache (prefixCacheMiB > 0) and the kvstore"),
     ]:
         try:
             render(values)
@@ -311,6 +313,11 @@ def main():
     if model:
         ok, out = starts(binary, c, local, "listening on http")
         check(ok, "prefixCacheMiB: `lazykv serve` starts with it" + ("" if ok else ": " + out[-300:]))
+    check("LAZYKV_PREFIX_CACHE_TIERS" not in env_of(c), "prefixCacheTiers is off unless asked for")
+    shared = render({"prefixCacheMiB": 512, "prefixCacheTiers": "true", "kvstore.enabled": "true"})
+    c = pod_spec(by_kind(shared, "Deployment")[FULLNAME])["containers"][0]
+    check(env_value(c, "LAZYKV_PREFIX_CACHE_TIERS") == "true" and "LAZYKV_KVSTORE" in env_of(c),
+          "prefixCacheTiers: a serve pod puts and fetches prompt blocks through the kvstore")
 
     limited = render({"serve.resources.limits.cpu": 2})
     c = pod_spec(by_kind(limited, "Deployment")[FULLNAME])["containers"][0]

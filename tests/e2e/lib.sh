@@ -39,6 +39,22 @@ wait_for_line() {
   echo "$found"
 }
 
+# start_http NAME ARGS...: `$bin ARGS` (a lazykv command that serves HTTP) in
+# the background, logging to $work/NAME.<random>.log, until it listens; sets
+# $url (http://HOST:PORT), $http_pid and $http_log. Exits, failing the test
+# with its log, if it does not start.
+start_http() {
+  local name=$1
+  shift
+  http_log=$work/$name.$RANDOM.log
+  "$bin" "$@" >"$http_log" 2>&1 &
+  http_pid=$!
+  pids+=("$http_pid")
+  url=$(wait_for_line "$http_log" 'listening on http://[0-9.:]*' "$http_pid")
+  url=${url#listening on }
+  [ -n "$url" ] || { cat "$http_log" >&2; echo "FAILED: $name did not start" >&2; exit 1; }
+}
+
 # start_kvstore BIN HOST_MIB [FLAGS...]: a `lazykv kvstore` on loopback (tcp,
 # 4 KiB allocation unit, /metrics on a free port); sets $kv_pid, $kv_port,
 # $kv_metrics (the URL) and $kv_log.

@@ -31,20 +31,13 @@ start_kvstore "$bin" 2 --nvme-path "$work/nvme"
 kv_http=${kv_metrics#http://}
 kv_http=${kv_http%/metrics}
 model=$(/usr/bin/python3 -c 'import os,sys; print(os.path.basename(sys.argv[1]).rsplit(".gguf", 1)[0])' "$LAZYKV_DEFAULT_MODEL")
-"$bin" serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --kv-cache-mib 64 \
-  --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp >"$work/serve.log" 2>&1 &
-serve_pid=$!
-pids+=("$serve_pid")
-url=$(wait_for_line "$work/serve.log" 'listening on http://[0-9.:]*' "$serve_pid")
-url=${url#listening on }
-[ -n "$url" ] || { cat "$work/serve.log" >&2; echo "FAILED: serve did not start" >&2; exit 1; }
+start_http serve serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --kv-cache-mib 64 \
+  --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp
+serve_pid=$http_pid serve_log=$http_log
 pass "serve at $url, kvstore metrics at $kv_http"
-"$bin" router --replica "${url#http://}" --port 0 --health-interval-ms 300 >"$work/router.log" 2>&1 &
-router_pid=$!
-pids+=("$router_pid")
-router=$(wait_for_line "$work/router.log" 'listening on http://[0-9.:]*' "$router_pid")
-router=${router#listening on }
-[ -n "$router" ] || { cat "$work/router.log" >&2; echo "FAILED: the router did not start" >&2; exit 1; }
+serve_url=$url
+start_http router router --replica "${url#http://}" --port 0 --health-interval-ms 300
+router=$url url=$serve_url
 check "the router in front of serve is ready" ready_becomes "$router" 200
 
 # The committed config, pointed at these two processes.
@@ -120,7 +113,7 @@ wait "$serve_pid"
 check "serve exits 0 on SIGTERM" test $? = 0
 
 if [ "$failures" -gt 0 ]; then
-  echo "--- serve log" >&2; tail -30 "$work/serve.log" >&2
+  echo "--- serve log" >&2; tail -30 "$serve_log" >&2
   echo "--- prometheus log" >&2; tail -20 "$work/prometheus.log" >&2
   echo "$failures check(s) FAILED" >&2
   exit 1

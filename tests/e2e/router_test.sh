@@ -18,14 +18,10 @@ slots=4  # each replica's --max-batch and the router's --max-requests-per-replic
 # start_replica I PORT: a `lazykv serve` (PORT 0: any); sets replica_pid[I], replica_port[I].
 declare -a replica_pid replica_port
 start_replica() {
-  local log=$work/replica$1.$RANDOM.log url pid
-  "$bin" serve --model "$LAZYKV_DEFAULT_MODEL" --port "$2" --threads 1 --kv-cache-mib 128 --prefix-cache-mib 16 \
-    --max-batch $slots >"$log" 2>&1 &
-  pid=$!
-  pids+=("$pid")
-  url=$(wait_for_line "$log" 'listening on http://[0-9.:]*' "$pid")
-  [ -n "$url" ] || { cat "$log" >&2; echo "FAILED: replica $1 did not start" >&2; exit 1; }
-  replica_pid[$1]=$pid
+  local url  # start_http sets this one (the replica's); the script's $url (the router's) stays
+  start_http "replica$1" serve --model "$LAZYKV_DEFAULT_MODEL" --port "$2" --threads 1 --kv-cache-mib 128 \
+    --prefix-cache-mib 16 --max-batch $slots
+  replica_pid[$1]=$http_pid
   replica_port[$1]=${url##*:}
 }
 # replica_state I FIELD: a field of replica I in the router's /router/replicas.
@@ -42,14 +38,9 @@ becomes() {
 
 start_replica 0 0
 start_replica 1 0
-router_log=$work/router.log
-"$bin" router --replica "127.0.0.1:${replica_port[0]}" --replica "127.0.0.1:${replica_port[1]}" --port 0 \
-  --max-requests-per-replica $slots --affinity-wait-ms 2000 --health-interval-ms 300 >"$router_log" 2>&1 &
-router_pid=$!
-pids+=("$router_pid")
-url=$(wait_for_line "$router_log" 'listening on http://[0-9.:]*' "$router_pid")
-url=${url#listening on }
-[ -n "$url" ] || { cat "$router_log" >&2; echo "FAILED: the router did not start" >&2; exit 1; }
+start_http router router --replica "127.0.0.1:${replica_port[0]}" --replica "127.0.0.1:${replica_port[1]}" --port 0 \
+  --max-requests-per-replica $slots --affinity-wait-ms 2000 --health-interval-ms 300
+router_pid=$http_pid router_log=$http_log
 pass "router at $url over replicas on ports ${replica_port[*]}"
 check "the router is ready once a replica is up" ready_becomes "$url" 200
 check "both replicas are up" becomes 1 up True

@@ -12,16 +12,11 @@ bin=$1
 grpc_tests=${2:-}
 source "$(dirname "$0")/lib.sh"
 
-# Starts a server with extra flags; sets $url and $server_pid.
+# Starts a server with extra flags; sets $url, $server_pid and $server_log.
 start_server() {
-  local log=$work/serve.$RANDOM.log
-  "$bin" serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --kv-cache-mib 256 "$@" >"$log" 2>&1 &
-  server_pid=$!
-  pids+=("$server_pid")
-  url=$(wait_for_line "$log" 'listening on http://[0-9.:]*' "$server_pid")
-  url=${url#listening on }
-  server_log=$log
-  [ -n "$url" ] || { cat "$log" >&2; echo "FAILED: the server did not start" >&2; exit 1; }
+  start_http serve serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --kv-cache-mib 256 "$@"
+  server_pid=$http_pid
+  server_log=$http_log
 }
 
 # stream_to FILE BODY [CURL ARGS...]: a streamed completion in the background

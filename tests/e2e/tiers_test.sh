@@ -7,7 +7,11 @@
 #     decisions), and the kvstore's metrics show puts and gets;
 #  2. the kvstore killed (SIGKILL) in the middle of a generation: the worker
 #     reports it, goes on without tiers and finishes its text;
-#  3. a kvstore restarted on the same RocksDB path starts and serves again.
+#  3. a kvstore restarted on the same RocksDB path starts and serves again;
+#  4. prompt reuse through the kvstore (--prefix-cache-tiers): a second
+#     `lazykv serve`, started after the first stopped, fetches the prompt
+#     blocks the first computed and gives the same text; with the kvstore
+#     killed it computes them and keeps serving.
 #   usage: tiers_test.sh LAZYKV_BINARY
 # Needs LAZYKV_DEFAULT_MODEL (set by scripts/test.sh); exits 77 (skipped) without it.
 set -uo pipefail
@@ -69,6 +73,38 @@ check "generate against the restarted kvstore" grep -q '^\[tiers on' "$work/agai
 kill -TERM "$kv_pid"
 wait "$kv_pid"
 check "the kvstore stops cleanly on SIGTERM" test $? -eq 0
+
+# 4. Prompt blocks outlive the server that put them, and reach the next one.
+start_kvstore "$bin" 64
+# serve_with_tiers: a `lazykv serve` whose prefix cache goes through the kvstore; sets $url, $serve_pid.
+serve_with_tiers() {
+  start_http serve serve --model "$LAZYKV_DEFAULT_MODEL" --port 0 --threads 2 --prefix-cache-mib 32 \
+    --prefix-cache-tiers --kvstore "127.0.0.1:$kv_port" --kvstore-transports tcp
+  serve_pid=$http_pid
+}
+doc=$(/usr/bin/python3 -c "print(' '.join(f'Entry {i}: the courier signs for parcel {i * 7}.' for i in range(30)))")
+model=$(basename "$LAZYKV_DEFAULT_MODEL" .gguf)
+body='{"model": "'$model'", "prompt": "'"$doc"' Which parcel did entry 3 sign for?", "max_tokens": 12, "temperature": 0}'
+complete() { curl -sf --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' -d "$body" | json_get 'd["choices"][0]["text"]'; }
+metric() { curl -sf "$url/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+serve_with_tiers
+first_text=$(complete)
+kill -TERM "$serve_pid"
+wait "$serve_pid"
+serve_with_tiers
+second_text=$(complete)
+check "the next server gives the same text (${second_text//$'\n'/ })" test -n "$first_text" -a "$first_text" = "$second_text"
+fetched=$(metric lazykv_prefix_cache_fetched_bytes_total)
+hit=$(metric lazykv_prefix_cache_hit_tokens_total)
+check "it fetched the prompt's blocks from the kvstore (${fetched:-no} bytes, ${hit:-no} tokens)" \
+  awk -v f="${fetched:-0}" -v h="${hit:-0}" 'BEGIN { exit !(f > 0 && h >= 256) }'
+kill -9 "$kv_pid"
+body='{"model": "'$model'", "prompt": "'"$doc"' Which parcel did entry 9 sign for?", "max_tokens": 12, "temperature": 0}'
+other=$(complete)
+check "with the kvstore killed it keeps serving (${other//$'\n'/ })" test -n "$other"
+kill -TERM "$serve_pid"
+wait "$serve_pid"
+check "and stops cleanly" test $? -eq 0
 
 [ "$failures" -eq 0 ] || { echo "$failures check(s) failed"; exit 1; }
 echo "all tiers end-to-end checks passed"

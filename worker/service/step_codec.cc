@@ -83,6 +83,8 @@ void to_proto(const StepResult& in, pb::StepResult* out) {
   out->set_kv_bytes(uint64_t(in.kv_bytes));
   out->set_kv_pool_bytes(uint64_t(in.kv_pool_bytes));
   out->set_prefix_cache_bytes(uint64_t(in.prefix_cache_bytes));
+  out->set_prefix_fetched_bytes(uint64_t(in.prefix_fetched_bytes));
+  out->set_prefix_fetch_seconds(in.prefix_fetch_seconds);
 }
 
 void to_proto(const WorkerInfo& in, pb::WorkerInfo* out) {
@@ -183,6 +185,8 @@ StepResult from_proto(const pb::StepResult& in) {
   out.kv_bytes = size_t(in.kv_bytes());
   out.kv_pool_bytes = size_t(in.kv_pool_bytes());
   out.prefix_cache_bytes = size_t(in.prefix_cache_bytes());
+  out.prefix_fetched_bytes = size_t(in.prefix_fetched_bytes());
+  out.prefix_fetch_seconds = in.prefix_fetch_seconds();
   return out;
 }
 

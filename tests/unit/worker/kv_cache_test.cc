@@ -198,6 +198,40 @@ TEST(KvCache, ACopyIsRecordedAsWrittenForTheMirrorAndTheSharedPageIsNot) {
   EXPECT_NE(written[0], shared);
 }
 
+// A page loaded from its bytes (a prompt block fetched from the tiers) reads
+// as the page it was copied from once a sequence adopts it, is recorded as
+// written for the mirror, counts against the capacity, and is refused
+// (-1, nothing taken) where it does not fit.
+TEST(KvCache, ALoadedPageReadsAsItsSourceAndCountsAgainstTheCapacity) {
+  KvCache cache(small_config(5 * 4 * 8 * 2 * sizeof(uint16_t)));  // five pages
+  cache.add_sequence(1);
+  append_tokens(cache, 1, 0, 4);  // one full page in each of the four heads
+  const int32_t source = cache.page_ids(1, 1, 0)[0];
+  const std::vector<uint8_t> bytes(cache.page_data(source), cache.page_data(source) + cache.page_bytes());
+  cache.track_written_pages();
+  const int32_t loaded = cache.load_page(bytes);
+  ASSERT_GE(loaded, 0);
+  EXPECT_NE(loaded, source);
+  EXPECT_EQ(cache.page_references(loaded), 1);
+  std::vector<int32_t> written;
+  cache.take_written_pages(written);
+  EXPECT_EQ(written, std::vector<int32_t>{loaded});
+  EXPECT_EQ(cache.load_page(bytes), -1);  // a sixth page: no room
+  EXPECT_EQ(cache.bytes_used(), 5 * cache.page_bytes());
+  EXPECT_THROW(cache.load_page(std::span(bytes).first(10)), Error);
+
+  cache.add_sequence(2);
+  const std::vector<int32_t> pages = {loaded};
+  cache.adopt_pages(2, 0, 1, pages);
+  cache.release_pages(pages);  // the sequence holds it now
+  for (int slot = 0; slot < 4; ++slot) {
+    EXPECT_EQ(key_at(cache, 2, 0, 1, slot), key_at(cache, 1, 1, 0, slot));
+    EXPECT_EQ(value_at(cache, 2, 0, 1, slot), value_at(cache, 1, 1, 0, slot));
+  }
+  cache.remove_sequence(2);
+  EXPECT_EQ(cache.bytes_used(), 4 * cache.page_bytes());
+}
+
 TEST(KvCache, RetainingAFreePageIsRefusedAndChangesNoCount) {
   KvCache cache(small_config());
   cache.add_sequence(1);

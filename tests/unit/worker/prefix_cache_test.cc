@@ -163,6 +163,59 @@ TEST(PrefixCache, PublishingAgainKeepsTheStoredBlocksAndAddsTheNewOnes) {
   EXPECT_EQ(pages[0][1], cache.page_ids(2, 0, 0)[1]);
 }
 
+// What a tier needs: the chain keys of a prompt's blocks, how many of them
+// are stored, the whole blocks a publish added, and blocks inserted from
+// pages the caller loaded (each only after the one before it).
+TEST(PrefixCache, BlocksFromElsewhereAreInsertedAfterTheirChain) {
+  KvCache cache(small_config());
+  PrefixCache prefixes(cache, kFingerprint, 1000);
+  prefill(cache, 1, kPrompt);
+  std::vector<PrefixCache::NewBlock> added;
+  EXPECT_EQ(prefixes.publish(1, kPrompt, 10, &added), 10);
+  ASSERT_EQ(added.size(), 2u);  // the tail is not a whole block
+  EXPECT_EQ(added[1].first, 4);
+  EXPECT_EQ(added[1].pages[3], cache.page_ids(1, 1, 1)[1]);
+  const std::vector<uint64_t> keys = prefixes.block_keys(kPrompt, 5);
+  ASSERT_EQ(keys.size(), 2u);  // whole blocks only
+  EXPECT_EQ(added[0].key, keys[0]);
+  EXPECT_EQ(added[1].key, keys[1]);
+  added.clear();
+  prefixes.publish(1, kPrompt, 10, &added);
+  EXPECT_TRUE(added.empty());  // stored already
+
+  KvCache other(small_config());
+  PrefixCache fetched(other, kFingerprint, 1000);
+  EXPECT_EQ(fetched.block_keys(kPrompt, 2), keys);  // the same chain in another process
+  EXPECT_EQ(fetched.stored_blocks(kPrompt, 2), 0);
+  const auto load = [&](int32_t block) {
+    std::vector<int32_t> pages;
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* data = cache.page_data(cache.page_ids(1, l, h)[size_t(block)]);
+        pages.push_back(other.load_page(std::span(data, cache.page_bytes())));
+      }
+    }
+    return pages;
+  };
+  const std::vector<int32_t> block1 = load(1);
+  EXPECT_THROW(fetched.insert(kPrompt, 1, block1), Error);  // block 0 is not there
+  const std::vector<int32_t> block0 = load(0);
+  EXPECT_TRUE(fetched.insert(kPrompt, 0, block0));
+  EXPECT_TRUE(fetched.insert(kPrompt, 1, block1));
+  const std::vector<int32_t> again = load(1);
+  EXPECT_FALSE(fetched.insert(kPrompt, 1, again));  // there already: the caller keeps its references
+  other.release_pages(again);
+  EXPECT_EQ(other.bytes_used(), 8 * other.page_bytes());
+  EXPECT_EQ(fetched.stored_blocks(kPrompt, 5), 2);
+  std::vector<std::vector<int32_t>> pages;
+  EXPECT_EQ(fetched.lookup(kPrompt, 40, pages), 8);
+  other.add_sequence(2);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) other.adopt_pages(2, l, h, pages[size_t(l * 2 + h)]);
+  }
+  for (int slot = 0; slot < 8; ++slot) EXPECT_EQ(key_of_slot(other, 2, 1, 0, slot), key_of_slot(cache, 1, 1, 0, slot));
+}
+
 TEST(PrefixCache, ReclaimDropsLeastRecentLeavesNoSequenceShares) {
   KvCache cache(small_config());
   PrefixCache prefixes(cache, kFingerprint, 1000);

@@ -11,6 +11,7 @@
 #include "tests/unit/step_plans.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"
+#include "worker/tiers/tier_mover.h"
 
 namespace lazykv {
 namespace {
@@ -248,6 +249,33 @@ TEST_F(PromptReuseTest, TheCacheHoldsNoMoreThanItsBytes) {
   generate(worker, 1, prompt(200), 512, 0);
   EXPECT_EQ(release(worker, 1).prefix_cache_bytes, 2 * page_set);
   EXPECT_EQ(generate(worker, 2, prompt(200), 512, 0).cached, 128);
+}
+
+// With --prefix-cache-tiers, what one worker computed reaches another (a
+// replica, or this one restarted) through the process's tiers: the whole
+// blocks of its prompt, fetched instead of computed, with the same tokens.
+TEST_F(PromptReuseTest, AnotherWorkerFetchesThePromptsWholeBlocksFromTheTiers) {
+  tiers::configure_tiers(tiers::TierConfig{});  // in-process host tier
+  LocalWorkerOptions with_tiers = options(kPrefixBytes);
+  with_tiers.prefix_tiers = true;
+  {
+    LocalWorker first(*model_, with_tiers);
+    generate(first, 1, prompt(150), 512, 4);
+    release(first, 1);
+  }
+  tiers::process_tiers()->flush();
+  LocalWorker second(*model_, with_tiers);
+  std::vector<int32_t> longer = prompt(150);
+  for (int32_t t : prompt(40, 1)) longer.push_back(t);
+  const Run fetched = generate(second, 2, longer, 512, 20);
+  EXPECT_EQ(fetched.cached, 128);  // two whole blocks; the first worker's tail stayed with it
+  EXPECT_EQ(fetched.fed, 190 - 128);
+  LocalWorker plain(*model_, options(0));
+  const Run computed = generate(plain, 2, longer, 512, 20);
+  EXPECT_EQ(fetched.tokens, computed.tokens);
+  ASSERT_EQ(fetched.logprobs.size(), computed.logprobs.size());
+  for (size_t i = 0; i < computed.logprobs.size(); ++i) EXPECT_FLOAT_EQ(fetched.logprobs[i], computed.logprobs[i]);
+  tiers::shutdown_tiers();
 }
 
 }  // namespace

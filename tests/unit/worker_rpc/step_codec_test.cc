@@ -130,6 +130,8 @@ TEST(StepCodec, StepResultRoundTrip) {
   result.kv_bytes = size_t(5) << 33;
   result.kv_pool_bytes = size_t(7) << 33;
   result.prefix_cache_bytes = size_t(3) << 33;
+  result.prefix_fetched_bytes = size_t(5) << 31;
+  result.prefix_fetch_seconds = 0.125;
   const StepResult back = round_trip<rpc::pb::StepResult>(result);
   EXPECT_TRUE(back.out_of_memory);
   ASSERT_EQ(back.tokens.size(), 2u);
@@ -155,6 +157,8 @@ TEST(StepCodec, StepResultRoundTrip) {
   EXPECT_EQ(back.kv_bytes, result.kv_bytes);
   EXPECT_EQ(back.kv_pool_bytes, result.kv_pool_bytes);
   EXPECT_EQ(back.prefix_cache_bytes, result.prefix_cache_bytes);
+  EXPECT_EQ(back.prefix_fetched_bytes, result.prefix_fetched_bytes);
+  EXPECT_EQ(back.prefix_fetch_seconds, result.prefix_fetch_seconds);
 }
 
 TEST(StepCodec, WorkerInfoRoundTrip) {

@@ -62,13 +62,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and .Values.router.enabled (ne .Values.mode "serve") -}}
 {{- fail "router.enabled needs mode: serve (the chart runs one coordinator group; replicas of groups are not in it yet)" -}}
 {{- end -}}
+{{- if and .Values.prefixCacheTiers (not (and .Values.kvstore.enabled (gt (float64 .Values.prefixCacheMiB) 0.0))) -}}
+{{- fail "prefixCacheTiers needs a prefix cache (prefixCacheMiB > 0) and the kvstore (kvstore.enabled)" -}}
+{{- end -}}
 {{- if and (ne (toString .Values.model) "default") (not .Values.modelVolume) -}}
 {{- fail (printf "model %q is a path: mount the volume that holds it with modelVolume (at /models)" (toString .Values.model)) -}}
 {{- end -}}
 {{- $managed := list "LAZYKV_HOST" "LAZYKV_MODEL" "LAZYKV_PORT" "LAZYKV_GRPC_PORT" "LAZYKV_DRAIN_SECONDS" "LAZYKV_API_KEY"
     "LAZYKV_THREADS" "LAZYKV_KVSTORE" "LAZYKV_CONNECT_TIMEOUT" "LAZYKV_RANK" "LAZYKV_WORLD" "LAZYKV_COLLECTIVE"
     "LAZYKV_TP_HOST" "LAZYKV_LISTEN" "LAZYKV_DATA_PORT" "LAZYKV_METRICS_PORT" "LAZYKV_HOST_CAPACITY_MIB"
-    "LAZYKV_NVME_PATH" "LAZYKV_NVME_CAPACITY_MIB" "LAZYKV_TRANSPORTS" "LAZYKV_KVSTORE_TRANSPORTS" "LAZYKV_PREFIX_CACHE_MIB" -}}
+    "LAZYKV_NVME_PATH" "LAZYKV_NVME_CAPACITY_MIB" "LAZYKV_TRANSPORTS" "LAZYKV_KVSTORE_TRANSPORTS" "LAZYKV_PREFIX_CACHE_MIB"
+    "LAZYKV_PREFIX_CACHE_TIERS" -}}
 {{- range $name, $_ := .Values.extraEnv -}}
 {{- if or (has $name $managed) (hasPrefix "LAZYKV_KV_" $name) -}}
 {{- fail (printf "extraEnv.%s: the chart sets it from its own value (kvPolicy, kvCacheMiB, prefixCacheMiB, threads, api, worker, kvstore)" $name) -}}

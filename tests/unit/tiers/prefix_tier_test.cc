@@ -1,0 +1,146 @@
+// PrefixTier: the prompt blocks one prefix cache puts to the tiers come back
+// bit for bit into another's (another worker, or the same after a restart),
+// and anything else (a block that is missing, foreign, cut short or does not
+// fit the cache; tiers that are off) ends the fetch there, so the rest is
+// computed and never read from a wrong block.
+#include "worker/tiers/prefix_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kvstore/local_block_store.h"
+
+namespace lazykv::tiers {
+namespace {
+
+// 2 layers, 2 KV heads, head_dim 8, 4-slot pages: a block is 4 tokens.
+KvCacheConfig small_config(size_t capacity = 0) { return {2, 2, 8, 4, capacity}; }
+constexpr uint64_t kFingerprint = 42;
+constexpr size_t kHeads = 4;  // layers x KV heads: pages per block
+const std::vector<int32_t> kPrompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 whole blocks and 2 tokens
+
+std::shared_ptr<TierMover> in_process_tiers() {
+  kvstore::TierStoreOptions options;
+  options.host_capacity_bytes = 1 << 20;
+  options.host_alloc_unit = 256;
+  return std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options));
+}
+
+// A KV cache with its prefix cache and tier, as one worker has them.
+struct Worker {
+  explicit Worker(std::shared_ptr<TierMover> mover, size_t capacity = 0, uint64_t fingerprint = kFingerprint)
+      : cache(small_config(capacity)), prefix(cache, fingerprint, 1000), tier(cache, prefix, fingerprint, mover) {}
+  // Prefills `prompt` into sequence 1 (token t's K rows all t, V rows all
+  // t + 1000), publishes it and puts its new blocks.
+  void prefill_and_put(const std::vector<int32_t>& prompt) {
+    cache.add_sequence(1);
+    cache.reserve(1, int(prompt.size()));
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      const std::vector<uint16_t> k(8, uint16_t(prompt[t])), v(8, uint16_t(prompt[t] + 1000));
+      for (int l = 0; l < 2; ++l) {
+        for (int h = 0; h < 2; ++h) cache.append(1, l, h, int32_t(t), k.data(), v.data());
+      }
+    }
+    std::vector<PrefixCache::NewBlock> added;
+    prefix.publish(1, prompt, int32_t(prompt.size()), &added);
+    EXPECT_EQ(added.size(), prompt.size() / 4);  // whole blocks only: the tail stays local
+    tier.put(added, prompt);
+  }
+  KvCache cache;
+  PrefixCache prefix;
+  PrefixTier tier;
+};
+
+// The stored block `index` replaced by `bytes`.
+void overwrite(TierMover& mover, const Worker& w, int32_t index, std::vector<uint8_t> bytes) {
+  mover.put(w.tier.key_of(w.prefix.block_keys(kPrompt, index + 1).back(), index), std::move(bytes), {1, true});
+  mover.flush();
+}
+
+TEST(PrefixTier, BlocksOneCachePutComeBackBitForBitIntoAnother) {
+  const auto mover = in_process_tiers();
+  Worker first(mover);
+  first.prefill_and_put(kPrompt);
+  mover->flush();
+  EXPECT_EQ(mover->store_stats().host_blocks, 2u);
+
+  Worker second(mover);
+  EXPECT_EQ(second.tier.fetch(kPrompt, 40), 8);
+  EXPECT_EQ(second.tier.fetched_bytes(), 2 * second.tier.block_bytes());
+  EXPECT_EQ(second.tier.block_bytes(), 4 * sizeof(int32_t) + kHeads * second.cache.page_bytes());
+  std::vector<std::vector<int32_t>> pages;
+  ASSERT_EQ(second.prefix.lookup(kPrompt, 40, pages), 8);
+  for (size_t h = 0; h < kHeads; ++h) {
+    const auto theirs = first.cache.page_ids(1, int(h / 2), int(h % 2));
+    for (size_t b = 0; b < 2; ++b) {
+      EXPECT_EQ(std::memcmp(second.cache.page_data(pages[h][b]), first.cache.page_data(theirs[b]),
+                            first.cache.page_bytes()),
+                0)
+          << "head " << h << " block " << b;
+    }
+  }
+  EXPECT_EQ(second.tier.fetch(kPrompt, 40), 0);  // held already
+
+  Worker third(mover);
+  EXPECT_EQ(third.tier.fetch(kPrompt, 7), 4);  // max_tokens: whole blocks within it
+  Worker other_model(mover, 0, kFingerprint + 1);
+  EXPECT_EQ(other_model.tier.fetch(kPrompt, 40), 0);
+  const std::vector<int32_t> other_start = {1, 2, 3, 0, 5, 6, 7, 8};
+  EXPECT_EQ(third.tier.fetch(other_start, 40), 0);
+}
+
+TEST(PrefixTier, AForeignOrShortBlockEndsTheFetchThereAndTakesNoPage) {
+  const auto mover = in_process_tiers();
+  Worker first(mover);
+  first.prefill_and_put(kPrompt);
+  mover->flush();
+
+  // Block 1 under its key with other token ids (what a hash collision would
+  // look like): block 0 is fetched, block 1 computed.
+  std::vector<uint8_t> foreign(first.tier.block_bytes(), 0);
+  overwrite(*mover, first, 1, foreign);
+  Worker second(mover);
+  EXPECT_EQ(second.tier.fetch(kPrompt, 40), 4);
+  EXPECT_EQ(second.cache.bytes_used(), kHeads * second.cache.page_bytes());  // block 0's pages, held by the cache
+  EXPECT_EQ(second.prefix.pages_held(), kHeads);
+
+  // Cut short: the same.
+  std::vector<uint8_t> short_block(first.tier.block_bytes() / 2);
+  std::memcpy(short_block.data(), kPrompt.data() + 4, 4 * sizeof(int32_t));
+  overwrite(*mover, first, 1, short_block);
+  Worker third(mover);
+  EXPECT_EQ(third.tier.fetch(kPrompt, 40), 4);
+  EXPECT_EQ(third.cache.bytes_used(), kHeads * third.cache.page_bytes());
+
+  // Missing: dropped from the store.
+  mover->drop(first.tier.key_of(first.prefix.block_keys(kPrompt, 1).back(), 0));
+  mover->flush();
+  Worker fourth(mover);
+  EXPECT_EQ(fourth.tier.fetch(kPrompt, 40), 0);
+  EXPECT_EQ(fourth.cache.bytes_used(), 0u);
+}
+
+TEST(PrefixTier, NoRoomInTheCacheOrNoTiersMeansComputing) {
+  const auto mover = in_process_tiers();
+  Worker first(mover);
+  first.prefill_and_put(kPrompt);
+  mover->flush();
+
+  // Room for block 0's four pages and one more: block 1 does not fit.
+  Worker small(mover, 5 * first.cache.page_bytes());
+  EXPECT_EQ(small.tier.fetch(kPrompt, 40), 4);
+  EXPECT_EQ(small.cache.bytes_used(), kHeads * small.cache.page_bytes());
+
+  const auto off = std::make_shared<TierMover>(nullptr, 0, "no kvstore");
+  Worker unplugged(off);
+  unplugged.prefill_and_put(kPrompt);  // puts nothing, fails nothing
+  Worker after(off);
+  EXPECT_EQ(after.tier.fetch(kPrompt, 40), 0);
+  EXPECT_EQ(off->stats().blocks_demoted, 0u);
+}
+
+}  // namespace
+}  // namespace lazykv::tiers

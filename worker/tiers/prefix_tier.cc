@@ -1,0 +1,108 @@
+#include "worker/tiers/prefix_tier.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+
+#include "common/error.h"
+
+namespace lazykv::tiers {
+namespace {
+
+// The hint prompt blocks go with: soon enough to be admitted to NVMe
+// (TierStoreOptions::nvme_admit_horizon_steps) rather than dropped when the
+// host tier evicts them, since a prompt's blocks are read by its next turn.
+constexpr uint64_t kPromptBlockReuseSteps = 1024;
+// Blocks whose fetches are queued ahead of the one being read, so the
+// mover's lanes do not idle between blocks; a miss wastes at most these.
+constexpr int32_t kBlocksAhead = 4;
+
+}  // namespace
+
+PrefixTier::PrefixTier(KvCache& cache, PrefixCache& prefix, uint64_t fingerprint, std::shared_ptr<TierMover> mover)
+    : cache_(cache),
+      prefix_(prefix),
+      fingerprint_(fingerprint),
+      mover_(std::move(mover)),
+      block_tokens_(size_t(cache.config().page_slots)),
+      heads_(size_t(cache.config().n_layer) * size_t(cache.config().n_head_kv)) {}
+
+// Layer and KV head 0: a block holds every one of the worker. (A tensor-
+// parallel rank, once ranks keep prefix caches, needs its first head here.)
+kvstore::BlockKey PrefixTier::key_of(uint64_t chain_key, int32_t index) const {
+  return kvstore::BlockKey{fingerprint_, chain_key, 0, 0, uint32_t(size_t(index) * block_tokens_),
+                           uint32_t(block_tokens_)};
+}
+
+void PrefixTier::put(std::span<const PrefixCache::NewBlock> blocks, std::span<const int32_t> tokens) {
+  const size_t token_bytes = block_tokens_ * sizeof(int32_t);
+  for (const PrefixCache::NewBlock& b : blocks) {
+    std::vector<uint8_t> bytes(block_bytes());
+    std::memcpy(bytes.data(), tokens.data() + b.first, token_bytes);
+    for (size_t h = 0; h < heads_; ++h) {
+      std::memcpy(bytes.data() + token_bytes + h * cache_.page_bytes(), cache_.page_data(b.pages[h]),
+                  cache_.page_bytes());
+    }
+    const int32_t index = b.first / int32_t(block_tokens_);
+    if (!mover_->put(key_of(b.key, index), std::move(bytes), {kPromptBlockReuseSteps, /*shared=*/true})) return;
+  }
+}
+
+int32_t PrefixTier::fetch(std::span<const int32_t> prompt, int32_t max_tokens) {
+  const int32_t wanted = std::min<int32_t>(max_tokens, int32_t(prompt.size())) / int32_t(block_tokens_);
+  const int32_t held = prefix_.stored_blocks(prompt, wanted);
+  if (held >= wanted || !mover_->available()) return 0;
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t blocks = fetch_blocks(prompt, held, wanted);
+  fetch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return blocks * int32_t(block_tokens_);
+}
+
+int32_t PrefixTier::fetch_blocks(std::span<const int32_t> prompt, int32_t held, int32_t wanted) {
+  const std::vector<uint64_t> keys = prefix_.block_keys(prompt, wanted);
+  std::deque<std::shared_ptr<Fetch>> queued;
+  std::vector<int32_t> pages;
+  int32_t index = held;
+  for (int32_t next = held; index < wanted; ++index) {
+    for (; next < wanted && next <= index + kBlocksAhead; ++next) {
+      queued.push_back(mover_->fetch(key_of(keys[size_t(next)], next), block_bytes(), {kPromptBlockReuseSteps}));
+      if (queued.back() == nullptr) return index - held;  // the tiers went off
+    }
+    const std::shared_ptr<Fetch> fetch = std::move(queued.front());
+    queued.pop_front();
+    if (!load_block(*fetch, prompt.subspan(size_t(index) * block_tokens_, block_tokens_), pages)) break;
+    if (!prefix_.insert(prompt, index, pages)) {  // no room
+      cache_.release_pages(pages);
+      break;
+    }
+    fetched_bytes_ += block_bytes();
+  }
+  return index - held;
+}
+
+bool PrefixTier::load_block(Fetch& fetch, std::span<const int32_t> block_tokens, std::vector<int32_t>& pages) {
+  const size_t token_bytes = block_tokens_ * sizeof(int32_t);
+  pages.clear();
+  fetch.wait();
+  if (fetch.state() != Fetch::State::kDone || fetch.bytes().size() != block_bytes() ||
+      std::memcmp(fetch.bytes().data(), block_tokens.data(), token_bytes) != 0) {
+    return false;
+  }
+  for (size_t h = 0; h < heads_; ++h) {
+    int32_t page = -1;
+    try {
+      page = cache_.load_page(std::span(fetch.bytes()).subspan(token_bytes + h * cache_.page_bytes(), cache_.page_bytes()));
+    } catch (const Error&) {  // the pool cannot grow: as no room
+    }
+    if (page < 0) {
+      cache_.release_pages(pages);
+      pages.clear();
+      return false;
+    }
+    pages.push_back(page);
+  }
+  return true;
+}
+
+}  // namespace lazykv::tiers
