@@ -88,7 +88,7 @@ void add_local_worker_flags(Flags& flags) {
       .add("kv-cache-mib", "1024", "KV cache capacity in MiB (all sequences together)")
       .add("prefix-cache-mib", "0",
            "prompt KV reuse: up to this many MiB of the KV cache keep prompt pages for later prompts that start "
-           "the same way (given back when sequences need the room); 0 is off; one-rank workers only")
+           "the same way (given back when sequences need the room); 0 is off")
       .add_switch("prefix-cache-tiers",
                   "with --prefix-cache-mib: prompt blocks also go to the tiers (the --kvstore every worker of the "
                   "node shares, or this process's host and NVMe tiers), and a prompt fetches from there what the "

@@ -27,9 +27,12 @@ TensorParallelGroup& solo_group() {
 // this worker computes and stores it. Seeds the prefix cache's key chain,
 // which names prompt blocks in a kvstore other workers share, so it names the
 // weights by content, never by path: the first and last KiB of every matrix
-// (enough to tell models apart without reading the files whole).
-uint64_t prefix_fingerprint(const Model& model, const LocalWorkerOptions& options, const KvCacheConfig& cache) {
-  std::string what = std::to_string(model.weight_bytes()) + '|' + std::to_string(int(options.precision)) + '|' +
+// (enough to tell models apart without reading the files whole). The group's
+// size too: its ranks sum partial results in another order than one rank.
+uint64_t prefix_fingerprint(const Model& model, const LocalWorkerOptions& options, const KvCacheConfig& cache,
+                            int world) {
+  std::string what = std::to_string(model.weight_bytes()) + '|' + std::to_string(world) + '|' +
+                     std::to_string(int(options.precision)) + '|' +
                      std::to_string(int(options.device)) + '|' + std::to_string(cache.n_layer) + '|' +
                      std::to_string(cache.n_head_kv) + '|' + std::to_string(cache.head_dim) + '|' +
                      std::to_string(cache.page_slots) + '|';
@@ -66,18 +69,15 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
                                     options.precision, options.cuda_graphs)) {
   if (options_.n_ctx <= 0) options_.n_ctx = model.config().n_ctx_train;
   if (options_.n_vocab <= 0 || options_.n_vocab > model.config().n_vocab) options_.n_vocab = model.config().n_vocab;
-  if (options_.prefix_cache_bytes > 0 && group_.world() > 1 && group_.rank() == 0) {
-    std::fprintf(stderr, "lazykv worker: no prefix cache in a tensor-parallel group (the ranks would have to "
-                         "agree on every hit); prompts are computed whole\n");
-  }
-  if (options_.prefix_cache_bytes > 0 && group_.world() == 1) {
+  if (options_.prefix_cache_bytes > 0) {
     // At least one block: a page in every layer and KV head.
     const size_t block_pages = size_t(cache_.config().n_layer) * size_t(cache_.config().n_head_kv);
     const size_t pages = std::max(options_.prefix_cache_bytes / cache_.page_bytes(), block_pages);
-    const uint64_t fingerprint = prefix_fingerprint(model, options_, cache_.config());
+    const uint64_t fingerprint = prefix_fingerprint(model, options_, cache_.config(), group_.world());
     prefix_ = std::make_unique<PrefixCache>(cache_, fingerprint, pages);
     if (options_.prefix_tiers) {
-      prefix_tier_ = std::make_unique<tiers::PrefixTier>(cache_, *prefix_, fingerprint, tiers::process_tiers());
+      prefix_tier_ = std::make_unique<tiers::PrefixTier>(cache_, *prefix_, fingerprint, uint32_t(shard_.kv_heads().begin),
+                                                         tiers::process_tiers());
     }
     forward_->set_appended_hook([this](std::span<const BatchItem> batch) { publish_prompts(batch); });
   }
@@ -198,17 +198,29 @@ int32_t LocalWorker::adopt_prefix(SeqId id, Sequence& seq) {
   if (cache_.heads_per_layer(id) != c.n_head_kv) return 0;  // caches per query head are not shared
   const int32_t reusable = seq.policy->reusable_prompt();
   if (prefix_tier_ != nullptr) prefix_tier_->fetch(seq.prompt, reusable);
-  const int32_t n = prefix_->lookup(seq.prompt, reusable, prefix_pages_);
+  // Every rank adopts as many tokens, each its own heads' pages: the fewest
+  // any rank holds (their prefix caches give pages back on their own).
+  const int32_t n = fewest_on_any_rank(prefix_->lookup(seq.prompt, reusable, prefix_pages_));
   if (n == 0) return 0;
+  const size_t pages = size_t((n + c.page_slots - 1) / c.page_slots);
   for (int layer = 0; layer < c.n_layer; ++layer) {
     for (int head = 0; head < c.n_head_kv; ++head) {
-      cache_.adopt_pages(id, layer, head, prefix_pages_[size_t(layer) * size_t(c.n_head_kv) + size_t(head)], n);
+      const std::vector<int32_t>& held = prefix_pages_[size_t(layer) * size_t(c.n_head_kv) + size_t(head)];
+      cache_.adopt_pages(id, layer, head, std::span(held).first(pages), n);
     }
   }
   // No end_step: the next pass then ends the prompt as one pass over all of
   // it would (an evicting policy's prompt is never chunked).
   seq.policy->begin_step(0, n);
   return n;
+}
+
+int32_t LocalWorker::fewest_on_any_rank(int32_t count) {
+  if (group_.world() == 1) return count;
+  std::vector<float> counts(size_t(group_.world()), 0.0f);  // exact: token counts are far below 2^24
+  counts[size_t(group_.rank())] = float(count);
+  group_.all_reduce_sum(counts.data(), counts.size());
+  return int32_t(*std::min_element(counts.begin(), counts.end()));
 }
 
 void LocalWorker::publish_prompts(std::span<const BatchItem> batch) {

@@ -36,8 +36,8 @@ struct LocalWorkerOptions {
   bool cuda_graphs = true;          // with kCuda: decode steps replayed as CUDA graphs
   // Prompt KV reuse: at most this many bytes of prompt pages kept after their
   // sequences end, for later prompts that start the same way (PrefixCache).
-  // 0: off. Only on a worker that is not a rank of a group (ranks would have
-  // to agree on every hit).
+  // 0: off. In a group each rank keeps its own heads' pages, and a prompt
+  // takes what every rank holds.
   size_t prefix_cache_bytes = 0;
   // With a prefix cache: its whole blocks also go to the process's tiers
   // (tiers::process_tiers: the node's kvstore, or in-process), and a prompt
@@ -80,8 +80,12 @@ class LocalWorker final : public StepExecutor {
   // The sequence's policy for its prompt (Error(kInvalidArgument) when the shape or prompt does not suit it).
   std::unique_ptr<EvictionPolicy> make_sequence_policy(const SequenceStart& s) const;
   // Adopts the longest stored start of the new sequence's prompt its policy
-  // allows; returns the prompt tokens adopted.
+  // allows (in a group, the longest every rank holds); returns the prompt
+  // tokens adopted.
   int32_t adopt_prefix(SeqId id, Sequence& seq);
+  // The smallest `count` of any rank of the group (a collective: every rank
+  // calls it, for the same sequences in the same order).
+  int32_t fewest_on_any_rank(int32_t count);
   // The appended hook: every whole page of each prompt chunk just cached.
   void publish_prompts(std::span<const BatchItem> batch);
   // PrefixCache::publish, and the blocks it stored to the tiers (prefix_tier_).

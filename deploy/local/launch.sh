@@ -17,7 +17,7 @@
 # --collective C  the ranks' all-reduce: gloo (default) or nccl (rank r on CUDA device r mod devices)
 # --kvstore       start a kvstore and point the workers at it (lazy+tiers demotes there)
 # --nvme-path DIR the kvstore's RocksDB tier (default: none)
-# --prefix-cache-mib N  prompt KV reuse in each worker (docs/tiers.md); only with --world 1
+# --prefix-cache-mib N  prompt KV reuse in each worker rank (docs/tiers.md)
 # Environment (flags win): LAZYKV_BIN (default: lazykv on PATH, else build/cli/lazykv),
 # LAZYKV_MODEL (default "default"), LAZYKV_WORKER_PORT (7001: rank r listens on 7001 + r),
 # LAZYKV_HTTP_PORT (8000), LAZYKV_THREADS (0: all cores), LAZYKV_KV_CACHE_MIB (1024).
@@ -60,10 +60,6 @@ done
 [[ "$world" =~ ^[1-9][0-9]*$ ]] || { echo "launch.sh: --world must be a positive integer" >&2; exit 2; }
 [[ "$replicas" =~ ^[1-9][0-9]*$ ]] || { echo "launch.sh: --replicas must be a positive integer" >&2; exit 2; }
 [[ "$prefix_mib" =~ ^[0-9]+$ ]] || { echo "launch.sh: --prefix-cache-mib must be a whole number" >&2; exit 2; }
-if [ "$prefix_mib" -gt 0 ] && [ "$world" -gt 1 ]; then
-  echo "launch.sh: --prefix-cache-mib needs --world 1 (tensor-parallel ranks keep no prefix cache)" >&2
-  exit 2
-fi
 
 logs=$(mktemp -d -t lazykv-launch.XXXXXX)
 router_pid=""

@@ -318,6 +318,11 @@ def main():
     c = pod_spec(by_kind(shared, "Deployment")[FULLNAME])["containers"][0]
     check(env_value(c, "LAZYKV_PREFIX_CACHE_TIERS") == "true" and "LAZYKV_KVSTORE" in env_of(c),
           "prefixCacheTiers: a serve pod puts and fetches prompt blocks through the kvstore")
+    ranks = render({"mode": "distributed", "worker.tensorParallel.world": 2, "prefixCacheMiB": 128,
+                    "prefixCacheTiers": "true", "kvstore.enabled": "true"})
+    c = pod_spec(by_kind(ranks, "StatefulSet")[f"{FULLNAME}-worker"])["containers"][0]
+    check(env_value(c, "LAZYKV_PREFIX_CACHE_MIB") == "128" and env_value(c, "LAZYKV_PREFIX_CACHE_TIERS") == "true",
+          "prefixCacheMiB and prefixCacheTiers reach each worker rank")
 
     limited = render({"serve.resources.limits.cpu": 2})
     c = pod_spec(by_kind(limited, "Deployment")[FULLNAME])["containers"][0]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end: two `lazykv serve` replicas behind `lazykv router` on loopback.
-# 100 chat requests over 10 long shared prefixes: all answered, both replicas
+# 200 chat requests over 20 long shared prefixes: all answered, both replicas
 # used, most requests of a prefix land on the replica that served it first
 # (whose prefix cache then holds the prefix).
 # Then SIGKILL one replica under load: nothing hangs, the requests waiting in
@@ -65,13 +65,13 @@ PY
 check "a streamed answer's first chunk arrives before half its time (first, end: $stream_timing s)" \
   /usr/bin/python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if a < b / 2 else 1)" $stream_timing
 
-# --- 100 requests, 10 prefixes -------------------------------------------------
+# --- 200 requests, 20 prefixes -------------------------------------------------
 started=$SECONDS
-/usr/bin/python3 "$load" "$url" "$model" 100 10 8 2 >"$work/load.json"
-echo "   100 requests in $((SECONDS - started)) s"
+/usr/bin/python3 "$load" "$url" "$model" 200 20 8 2 >"$work/load.json"
+echo "   200 requests in $((SECONDS - started)) s"
 answered=$(json_get "sum(r['status'] == 200 for r in d['requests'])" <"$work/load.json")
 affinity=$(json_get "round(d['affinity'], 3)" <"$work/load.json")
-check "100 of 100 requests answered ($answered)" test "$answered" = 100
+check "200 of 200 requests answered ($answered)" test "$answered" = 200
 check "both replicas served requests" test "$(json_get "len(d['replicas'])" <"$work/load.json")" = 2
 check "prefix affinity: $affinity of a prefix's requests on its replica (>= 0.8)" \
   /usr/bin/python3 -c "import sys; sys.exit(0 if $affinity >= 0.8 else 1)"

@@ -10,8 +10,9 @@
 #  3. a kvstore restarted on the same RocksDB path starts and serves again;
 #  4. prompt reuse through the kvstore (--prefix-cache-tiers): a second
 #     `lazykv serve`, started after the first stopped, fetches the prompt
-#     blocks the first computed and gives the same text; with the kvstore
-#     killed it computes them and keeps serving.
+#     blocks the first computed and gives the same text; an abort storm over
+#     the shared prefix leaves no lease and no page held; with the kvstore
+#     killed the server computes prompts and keeps serving.
 #   usage: tiers_test.sh LAZYKV_BINARY
 # Needs LAZYKV_DEFAULT_MODEL (set by scripts/test.sh); exits 77 (skipped) without it.
 set -uo pipefail
@@ -98,6 +99,32 @@ fetched=$(metric lazykv_prefix_cache_fetched_bytes_total)
 hit=$(metric lazykv_prefix_cache_hit_tokens_total)
 check "it fetched the prompt's blocks from the kvstore (${fetched:-no} bytes, ${hit:-no} tokens)" \
   awk -v f="${fetched:-0}" -v h="${hit:-0}" 'BEGIN { exit !(f > 0 && h >= 256) }'
+# An abort storm on a third server: 40 streams over the stored prefix, each
+# cut off by its client within 0.4 s, while the first fetches the blocks.
+kill -TERM "$serve_pid"
+wait "$serve_pid"
+serve_with_tiers
+/usr/bin/python3 - "$url" "$model" "$doc" <<'PY'
+import http.client, json, random, sys, threading, time, urllib.parse
+url, model, doc = sys.argv[1:4]
+host = urllib.parse.urlparse(url)
+def storm(i):
+    body = json.dumps({"model": model, "prompt": f"{doc} Question {i}: which parcel?", "max_tokens": 64,
+                       "ignore_eos": True, "stream": True})
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    time.sleep(random.uniform(0, 0.4))
+    conn.close()  # gone mid-request: the server cancels it
+threads = [threading.Thread(target=storm, args=(i,)) for i in range(40)]
+for t in threads: t.start()
+for t in threads: t.join()
+PY
+idle() { [ "$(metric 'lazykv_kv_bytes{tier="device"}')" = 0 ] && [ "$(kv_metric lazykv_kvstore_leases)" = 0 ]; }
+for _ in $(seq 1 100); do idle && break; sleep 0.1; done
+cancelled=$(metric 'lazykv_errors_total{type="cancelled"}')
+check "the storm's requests were cancelled (${cancelled:-0} of 40)" awk -v c="${cancelled:-0}" 'BEGIN { exit !(c >= 20) }'
+check "after an abort storm over shared prefixes: no leases, no pages held by sequences" idle
+check "and it fetched for it" awk -v f="$(metric lazykv_prefix_cache_fetched_bytes_total)" 'BEGIN { exit !(f > 0) }'
 kill -9 "$kv_pid"
 body='{"model": "'$model'", "prompt": "'"$doc"' Which parcel did entry 9 sign for?", "max_tokens": 12, "temperature": 0}'
 other=$(complete)

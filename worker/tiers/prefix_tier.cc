@@ -20,18 +20,19 @@ constexpr int32_t kBlocksAhead = 4;
 
 }  // namespace
 
-PrefixTier::PrefixTier(KvCache& cache, PrefixCache& prefix, uint64_t fingerprint, std::shared_ptr<TierMover> mover)
+PrefixTier::PrefixTier(KvCache& cache, PrefixCache& prefix, uint64_t fingerprint, uint32_t first_kv_head,
+                       std::shared_ptr<TierMover> mover)
     : cache_(cache),
       prefix_(prefix),
       fingerprint_(fingerprint),
+      first_kv_head_(first_kv_head),
       mover_(std::move(mover)),
       block_tokens_(size_t(cache.config().page_slots)),
       heads_(size_t(cache.config().n_layer) * size_t(cache.config().n_head_kv)) {}
 
-// Layer and KV head 0: a block holds every one of the worker. (A tensor-
-// parallel rank, once ranks keep prefix caches, needs its first head here.)
+// Layer 0 and the first KV head: a block holds every layer and KV head of the cache.
 kvstore::BlockKey PrefixTier::key_of(uint64_t chain_key, int32_t index) const {
-  return kvstore::BlockKey{fingerprint_, chain_key, 0, 0, uint32_t(size_t(index) * block_tokens_),
+  return kvstore::BlockKey{fingerprint_, chain_key, 0, first_kv_head_, uint32_t(size_t(index) * block_tokens_),
                            uint32_t(block_tokens_)};
 }
 

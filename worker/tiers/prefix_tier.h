@@ -30,7 +30,10 @@ namespace lazykv::tiers {
 class PrefixTier {
  public:
   // The cache and prefix cache must outlive this; the mover is shared.
-  PrefixTier(KvCache& cache, PrefixCache& prefix, uint64_t fingerprint, std::shared_ptr<TierMover> mover);
+  // first_kv_head: the model's KV head the cache's head 0 is (a tensor-
+  // parallel rank's first), so ranks' blocks have keys of their own.
+  PrefixTier(KvCache& cache, PrefixCache& prefix, uint64_t fingerprint, uint32_t first_kv_head,
+             std::shared_ptr<TierMover> mover);
 
   // Puts the blocks that publish() just stored (blocks of `tokens`).
   // Queued: the mover refuses what does not fit its queue, and nothing waits.
@@ -60,6 +63,7 @@ class PrefixTier {
   KvCache& cache_;
   PrefixCache& prefix_;
   uint64_t fingerprint_;
+  uint32_t first_kv_head_;
   std::shared_ptr<TierMover> mover_;
   size_t block_tokens_;
   size_t heads_;  // n_layer * n_head_kv: pages per block

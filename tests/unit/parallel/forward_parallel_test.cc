@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "../tiny_model_fixture.h"
 #include "common/error.h"
@@ -57,12 +58,7 @@ Generation greedy_on_ranks(const Model& model, int world, const std::vector<int3
     std::lock_guard<std::mutex> lock(mutex);
     per_rank[size_t(group.rank())] = std::move(g);
   };
-  if (world == 1) {
-    SoloGroup solo;
-    body(solo);
-  } else {
-    run_ranks(world, body);
-  }
+  run_as_world(world, body);
   // The residual stream is whole on every rank, so every rank's logits agree.
   for (int r = 1; r < world; ++r) EXPECT_EQ(per_rank[size_t(r)].tokens, per_rank[0].tokens) << "rank " << r;
   return per_rank[0];
@@ -191,12 +187,7 @@ std::vector<int32_t> worker_tokens(const Model& model, int world, const PolicyCo
     per_rank[size_t(group.rank())] = tokens;
     evicted[size_t(group.rank())] = evicted_slots;
   };
-  if (world == 1) {
-    SoloGroup solo;
-    body(solo);
-  } else {
-    run_ranks(world, body);
-  }
+  run_as_world(world, body);
   for (int r = 1; r < world; ++r) EXPECT_EQ(per_rank[size_t(r)], per_rank[0]) << "rank " << r;
   if (policy.name != "full") {
     for (int r = 0; r < world; ++r) EXPECT_GT(evicted[size_t(r)], 0) << "rank " << r << " never evicted";
@@ -210,6 +201,64 @@ TEST(LocalWorkerTensorParallel, LazyEvictionGreedyEqualsOneRank) {
   const std::vector<int32_t> one = worker_tokens(*m.model, 1, lazy, 32);
   ASSERT_EQ(one.size(), 32u);
   EXPECT_EQ(worker_tokens(*m.model, 2, lazy, 32), one);
+}
+
+// Prompt KV reuse in a group: each rank keeps its own heads' pages, and a
+// prompt takes what every rank holds. Rank 1's prefix cache has room for one
+// block, rank 0's for all: the second prompt takes 64 tokens on both ranks
+// and gives the tokens of one rank without a cache.
+struct ReuseRun {
+  std::vector<int32_t> tokens;
+  int32_t cached = 0;
+};
+std::vector<ReuseRun> reuse_on_ranks(const Model& model, int world, bool prefix_cache) {
+  std::vector<int32_t> first, second;
+  for (int i = 0; i < 150; ++i) first.push_back(3 + (i * 37) % 200);
+  second = first;
+  for (int i = 0; i < 40; ++i) second.push_back(5 + (i * 11) % 190);
+  std::mutex mutex;
+  std::vector<ReuseRun> per_rank(static_cast<size_t>(world));
+  auto body = [&](TensorParallelGroup& group) {
+    LocalWorkerOptions options;
+    options.threads = 1;
+    options.prefix_cache_bytes = !prefix_cache ? 0 : group.rank() == 0 ? size_t(64) << 20 : 1;  // 1: one block
+    LocalWorker worker(model, options, group);
+    ReuseRun run;
+    for (const auto& [seq, prompt, decode] : {std::tuple{SeqId(1), first, 4}, std::tuple{SeqId(2), second, 12}}) {
+      StepPlan plan = plan_starting(seq, prompt, make_policy_config("full"));
+      plan.start[0].chunks_carry_mask = true;
+      for (int i = 0; i < decode; ++i) {
+        const StepResult result = worker.step(plan);
+        EXPECT_TRUE(result.failed.empty()) << (result.failed.empty() ? "" : result.failed[0].second);
+        if (result.tokens.size() != 1) break;
+        if (seq == 2) {
+          run.tokens.push_back(result.tokens[0].token);
+          run.cached += result.tokens[0].cached_tokens;
+        }
+        plan = StepPlan{};
+        plan.items.push_back({seq, 0, {}});
+      }
+      plan = StepPlan{};
+      plan.release = {seq};
+      worker.step(plan);
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    per_rank[size_t(group.rank())] = run;
+  };
+  run_as_world(world, body);
+  return per_rank;
+}
+
+TEST(LocalWorkerTensorParallel, RanksTakeThePromptPagesEveryRankHolds) {
+  TinyModel m = load_tiny_model("tp_prefix", spec_with(96, 6, 3, 128, DType::kQ8_0));
+  const std::vector<ReuseRun> computed = reuse_on_ranks(*m.model, 1, false);
+  ASSERT_EQ(computed[0].tokens.size(), 12u);
+  EXPECT_EQ(computed[0].cached, 0);
+  const std::vector<ReuseRun> reused = reuse_on_ranks(*m.model, 2, true);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(reused[size_t(r)].cached, 64) << "rank " << r;
+    EXPECT_EQ(reused[size_t(r)].tokens, computed[0].tokens) << "rank " << r;
+  }
 }
 
 // laq's drafts run on every rank in step (each pass all-reduces), so the

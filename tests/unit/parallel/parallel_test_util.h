@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "worker/parallel/gloo_group.h"
+#include "worker/parallel/group.h"
 
 namespace lazykv {
 
@@ -39,6 +40,17 @@ inline void run_ranks(int world, const std::function<void(TensorParallelGroup&)>
   for (std::thread& t : threads) t.join();
   for (const std::exception_ptr& e : errors) {
     if (e) std::rethrow_exception(e);
+  }
+}
+
+// body(group) as a worker of `world` ranks sees it: a SoloGroup for one (a
+// worker outside any group), run_ranks for more.
+inline void run_as_world(int world, const std::function<void(TensorParallelGroup&)>& body) {
+  if (world == 1) {
+    SoloGroup solo;
+    body(solo);
+  } else {
+    run_ranks(world, body);
   }
 }
 

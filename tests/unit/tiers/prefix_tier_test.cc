@@ -1,14 +1,19 @@
 // PrefixTier: the prompt blocks one prefix cache puts to the tiers come back
 // bit for bit into another's (another worker, or the same after a restart),
-// and anything else (a block that is missing, foreign, cut short or does not
-// fit the cache; tiers that are off) ends the fetch there, so the rest is
-// computed and never read from a wrong block.
+// and anything else (a block that is missing, foreign, cut short, damaged on
+// disk or does not fit the cache; tiers that are off) ends the fetch there,
+// so the rest is computed and never read from a wrong block.
 #include "worker/tiers/prefix_tier.h"
 
 #include <gtest/gtest.h>
 
+#include <rocksdb/db.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvstore/local_block_store.h"
@@ -32,10 +37,14 @@ std::shared_ptr<TierMover> in_process_tiers() {
 // A KV cache with its prefix cache and tier, as one worker has them.
 struct Worker {
   explicit Worker(std::shared_ptr<TierMover> mover, size_t capacity = 0, uint64_t fingerprint = kFingerprint)
-      : cache(small_config(capacity)), prefix(cache, fingerprint, 1000), tier(cache, prefix, fingerprint, mover) {}
+      : cache(small_config(capacity)), prefix(cache, fingerprint, 1000), tier(cache, prefix, fingerprint, 0, mover) {}
   // Prefills `prompt` into sequence 1 (token t's K rows all t, V rows all
   // t + 1000), publishes it and puts its new blocks.
   void prefill_and_put(const std::vector<int32_t>& prompt) {
+    prefill(prompt);
+    EXPECT_EQ(publish_and_put(prompt, int32_t(prompt.size())), prompt.size() / 4);  // the tail stays local
+  }
+  void prefill(const std::vector<int32_t>& prompt) {
     cache.add_sequence(1);
     cache.reserve(1, int(prompt.size()));
     for (size_t t = 0; t < prompt.size(); ++t) {
@@ -44,10 +53,14 @@ struct Worker {
         for (int h = 0; h < 2; ++h) cache.append(1, l, h, int32_t(t), k.data(), v.data());
       }
     }
+  }
+  // Publishes the first n tokens of sequence 1 and puts the whole blocks
+  // that added; returns how many.
+  size_t publish_and_put(const std::vector<int32_t>& prompt, int32_t n) {
     std::vector<PrefixCache::NewBlock> added;
-    prefix.publish(1, prompt, int32_t(prompt.size()), &added);
-    EXPECT_EQ(added.size(), prompt.size() / 4);  // whole blocks only: the tail stays local
+    prefix.publish(1, prompt, n, &added);
     tier.put(added, prompt);
+    return added.size();
   }
   KvCache cache;
   PrefixCache prefix;
@@ -121,6 +134,54 @@ TEST(PrefixTier, AForeignOrShortBlockEndsTheFetchThereAndTakesNoPage) {
   Worker fourth(mover);
   EXPECT_EQ(fourth.tier.fetch(kPrompt, 40), 0);
   EXPECT_EQ(fourth.cache.bytes_used(), 0u);
+}
+
+// A block the NVMe tier holds whose bytes were damaged on disk (one byte
+// flipped in RocksDB) fails its checksum when it is fetched: the fetch ends
+// before it, so that block and the rest are computed, and the store erases it.
+TEST(PrefixTier, ABlockFlippedInRocksDbIsDetectedAndComputedInstead) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("lazykv-prefix-tier-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  kvstore::TierStoreOptions options;
+  options.host_capacity_bytes = 1024;  // one block (528 bytes in 768): the older ones go on to NVMe
+  options.host_alloc_unit = 256;
+  options.replacement = "lru";
+  options.nvme_path = (dir / "db").string();
+  kvstore::BlockKey damaged;
+  {
+    const auto mover = std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options));
+    Worker first(mover);
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};  // three whole blocks
+    first.prefill(prompt);
+    for (int32_t n = 4; n <= 12; n += 4) {  // one at a time: the store sees them in order
+      EXPECT_EQ(first.publish_and_put(prompt, n), 1u);
+      mover->flush();
+    }
+    EXPECT_EQ(mover->store_stats().nvme_blocks, 2u);  // blocks 0 and 1; block 2 in host memory
+    damaged = first.tier.key_of(first.prefix.block_keys(prompt, 2).back(), 1);
+  }  // the store closes: NVMe keeps blocks 0 and 1
+  {
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), options.nvme_path, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    const auto encoded = kvstore::encode_block_key(damaged);
+    const std::string key(encoded.begin(), encoded.end());
+    std::string value;
+    ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), key, &value).ok());
+    value[value.size() / 2] ^= 0x01;  // inside the block's pages
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), key, value).ok());
+    ASSERT_TRUE(db->Close().ok());
+  }
+  const auto mover = std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options));
+  Worker second(mover);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  EXPECT_EQ(second.tier.fetch(prompt, 40), 4);  // block 0; block 1 is damaged
+  EXPECT_EQ(second.cache.bytes_used(), kHeads * second.cache.page_bytes());
+  EXPECT_GE(mover->stats().failures, 1u);
+  Worker third(mover);
+  EXPECT_EQ(third.tier.fetch(prompt, 40), 4);  // and stays a miss
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PrefixTier, NoRoomInTheCacheOrNoTiersMeansComputing) {

@@ -80,6 +80,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* Prompt KV reuse for containers that hold a KV cache (serve, worker ranks). */}}
+{{- define "lazykv.prefixCacheEnv" -}}
+- name: LAZYKV_PREFIX_CACHE_MIB
+  value: {{ include "lazykv.number" .Values.prefixCacheMiB | quote }}
+{{- if .Values.prefixCacheTiers }}
+- name: LAZYKV_PREFIX_CACHE_TIERS
+  value: "true"
+{{- end }}
+{{- end -}}
+
 {{/* The model (and its volume) for containers that load it. */}}
 {{- define "lazykv.modelEnv" -}}
 - name: LAZYKV_MODEL
