@@ -23,31 +23,51 @@ TensorParallelGroup& solo_group() {
   return solo;
 }
 
-// What a prompt's KV depends on besides its tokens: the weights, and how
-// this worker computes and stores it. Seeds the prefix cache's key chain,
-// which names prompt blocks in a kvstore other workers share, so it names the
-// weights by content, never by path: the first and last KiB of every matrix
-// (enough to tell models apart without reading the files whole). The group's
-// size too: its ranks sum partial results in another order than one rank.
+// What a prompt's KV depends on besides its tokens: the weights, the model's
+// settings, and how this worker computes and stores it. Seeds the prefix
+// cache's key chain, which names prompt blocks in a kvstore other workers
+// share, so it names the model by content, never by path: every setting that
+// shapes K and V (the RoPE table included: base, scaling, per-frequency
+// factors), the norm and bias vectors, and the first and last KiB of every
+// matrix (enough to tell weights apart without reading the files whole). The
+// group's size too: its ranks sum partial results in another order than one
+// rank. kPageLayout names the page format; change it with the format.
 uint64_t prefix_fingerprint(const Model& model, const LocalWorkerOptions& options, const KvCacheConfig& cache,
                             int world) {
-  std::string what = std::to_string(model.weight_bytes()) + '|' + std::to_string(world) + '|' +
-                     std::to_string(int(options.precision)) + '|' +
-                     std::to_string(int(options.device)) + '|' + std::to_string(cache.n_layer) + '|' +
-                     std::to_string(cache.n_head_kv) + '|' + std::to_string(cache.head_dim) + '|' +
-                     std::to_string(cache.page_slots) + '|';
-  const auto sample = [&what](const cpu::WeightMatrix& w) {
+  constexpr int kPageLayout = 1;
+  const ModelConfig& m = model.config();
+  std::string what = std::to_string(kPageLayout) + '|' + m.arch_name + '|' + std::to_string(model.weight_bytes()) +
+                     '|' + std::to_string(world) + '|' + std::to_string(int(options.precision)) + '|' +
+                     std::to_string(int(options.device)) + '|';
+  const auto add = [&what](const void* data, size_t bytes) {
+    if (data != nullptr) what.append(static_cast<const char*>(data), bytes);
+  };
+  for (const int v : {m.n_layer, m.n_embd, m.n_head, m.n_head_kv, m.head_dim, m.n_rot, m.n_ff, m.n_vocab,
+                      int(m.rope_style), int(m.qkv_bias), cache.n_layer, cache.n_head_kv, cache.head_dim,
+                      cache.page_slots}) {
+    add(&v, sizeof(v));
+  }
+  add(&m.rms_eps, sizeof(m.rms_eps));
+  add(&model.rope().mscale, sizeof(float));
+  add(model.rope().inv_freq.data(), model.rope().inv_freq.size() * sizeof(float));
+  const auto sample = [&](const cpu::WeightMatrix& w) {
     const size_t bytes = size_t(w.rows) * row_bytes(w.type, size_t(w.cols));
     const size_t n = std::min<size_t>(bytes, 1024);
-    const auto* data = static_cast<const char*>(w.data);
-    if (data == nullptr) return;
-    what.append(data, n);
-    what.append(data + bytes - n, n);
+    if (w.data == nullptr) return;
+    add(w.data, n);
+    add(static_cast<const char*>(w.data) + bytes - n, n);
   };
+  const auto vector = [&](const float* v, int n) { add(v, v == nullptr ? 0 : size_t(n) * sizeof(float)); };
   sample(model.token_embd());
   sample(model.output());
+  vector(model.output_norm(), m.n_embd);
   for (const LayerWeights& l : model.layers()) {
     for (const cpu::WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) sample(*w);
+    vector(l.attn_norm, m.n_embd);
+    vector(l.ffn_norm, m.n_embd);
+    vector(l.bq, m.n_head * m.head_dim);
+    vector(l.bk, m.n_head_kv * m.head_dim);
+    vector(l.bv, m.n_head_kv * m.head_dim);
   }
   return kvstore::block_checksum(std::span(reinterpret_cast<const uint8_t*>(what.data()), what.size()));
 }

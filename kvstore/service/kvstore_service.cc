@@ -126,7 +126,11 @@ transport::PayloadSink KvstoreService::payload_sink(transport::PeerId peer, uint
     pending->checksum = put.checksum();
     pending->started = Clock::now();
     pending->reservation = tiers_->reserve_put(peer, pending->key, bytes, BlockHint{put.steps_until_use()});
-    if (!put.shared()) {  // dropped with the peer
+    // A shared block (a prompt block) outlives its peer. The peer's own blocks
+    // are dropped by fingerprint when it goes, so a fingerprint must be used
+    // for shared blocks only or for a peer's own only (workers use a
+    // process's random one for their own).
+    if (!put.shared()) {
       std::lock_guard lock(peers_mutex_);
       fingerprints_of_peer_[peer].insert(pending->key.model_fingerprint);
     }

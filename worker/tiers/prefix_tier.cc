@@ -17,6 +17,9 @@ constexpr uint64_t kPromptBlockReuseSteps = 1024;
 // Blocks whose fetches are queued ahead of the one being read, so the
 // mover's lanes do not idle between blocks; a miss wastes at most these.
 constexpr int32_t kBlocksAhead = 4;
+// The longest a step waits for a prompt's blocks (they may queue behind
+// demotions): past it, the rest of the prompt is computed.
+constexpr std::chrono::milliseconds kFetchDeadline{2000};
 
 }  // namespace
 
@@ -31,7 +34,7 @@ PrefixTier::PrefixTier(KvCache& cache, PrefixCache& prefix, uint64_t fingerprint
       heads_(size_t(cache.config().n_layer) * size_t(cache.config().n_head_kv)) {}
 
 // Layer 0 and the first KV head: a block holds every layer and KV head of the cache.
-kvstore::BlockKey PrefixTier::key_of(uint64_t chain_key, int32_t index) const {
+kvstore::BlockKey PrefixTier::block_key(uint64_t chain_key, int32_t index) const {
   return kvstore::BlockKey{fingerprint_, chain_key, 0, first_kv_head_, uint32_t(size_t(index) * block_tokens_),
                            uint32_t(block_tokens_)};
 }
@@ -46,7 +49,7 @@ void PrefixTier::put(std::span<const PrefixCache::NewBlock> blocks, std::span<co
                   cache_.page_bytes());
     }
     const int32_t index = b.first / int32_t(block_tokens_);
-    if (!mover_->put(key_of(b.key, index), std::move(bytes), {kPromptBlockReuseSteps, /*shared=*/true})) return;
+    if (!mover_->put(block_key(b.key, index), std::move(bytes), {kPromptBlockReuseSteps, /*shared=*/true})) return;
   }
 }
 
@@ -61,19 +64,28 @@ int32_t PrefixTier::fetch(std::span<const int32_t> prompt, int32_t max_tokens) {
 }
 
 int32_t PrefixTier::fetch_blocks(std::span<const int32_t> prompt, int32_t held, int32_t wanted) {
+  const auto deadline = std::chrono::steady_clock::now() + kFetchDeadline;
   const std::vector<uint64_t> keys = prefix_.block_keys(prompt, wanted);
   std::deque<std::shared_ptr<Fetch>> queued;
   std::vector<int32_t> pages;
   int32_t index = held;
   for (int32_t next = held; index < wanted; ++index) {
     for (; next < wanted && next <= index + kBlocksAhead; ++next) {
-      queued.push_back(mover_->fetch(key_of(keys[size_t(next)], next), block_bytes(), {kPromptBlockReuseSteps}));
+      queued.push_back(mover_->fetch(block_key(keys[size_t(next)], next), block_bytes(), {kPromptBlockReuseSteps}));
       if (queued.back() == nullptr) return index - held;  // the tiers went off
     }
     const std::shared_ptr<Fetch> fetch = std::move(queued.front());
     queued.pop_front();
+    if (!fetch->wait_until(deadline)) break;
     if (!load_block(*fetch, prompt.subspan(size_t(index) * block_tokens_, block_tokens_), pages)) break;
-    if (!prefix_.insert(prompt, index, pages)) {  // no room
+    bool stored = false;
+    try {
+      stored = prefix_.insert(prompt, index, pages);
+    } catch (...) {
+      cache_.release_pages(pages);
+      throw;
+    }
+    if (!stored) {  // no room, or stored meanwhile
       cache_.release_pages(pages);
       break;
     }
@@ -85,23 +97,23 @@ int32_t PrefixTier::fetch_blocks(std::span<const int32_t> prompt, int32_t held, 
 bool PrefixTier::load_block(Fetch& fetch, std::span<const int32_t> block_tokens, std::vector<int32_t>& pages) {
   const size_t token_bytes = block_tokens_ * sizeof(int32_t);
   pages.clear();
-  fetch.wait();
   if (fetch.state() != Fetch::State::kDone || fetch.bytes().size() != block_bytes() ||
       std::memcmp(fetch.bytes().data(), block_tokens.data(), token_bytes) != 0) {
     return false;
   }
+  pages.reserve(heads_);
   for (size_t h = 0; h < heads_; ++h) {
     int32_t page = -1;
     try {
       page = cache_.load_page(std::span(fetch.bytes()).subspan(token_bytes + h * cache_.page_bytes(), cache_.page_bytes()));
-    } catch (const Error&) {  // the pool cannot grow: as no room
+    } catch (const std::exception&) {  // the pool cannot grow: as no room
     }
     if (page < 0) {
       cache_.release_pages(pages);
       pages.clear();
       return false;
     }
-    pages.push_back(page);
+    pages.push_back(page);  // reserved: does not throw
   }
   return true;
 }

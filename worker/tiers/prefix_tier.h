@@ -7,7 +7,7 @@
 //
 // A block in the tiers is one prefix-cache block: its token ids, then its
 // cache pages (every layer and KV head of this worker, in the prefix cache's
-// order) as the pool holds them: one get per 64 tokens. Its key is the
+// order) as the pool holds them: one get per page of tokens. Its key is the
 // block's chain key under the prefix cache's fingerprint (the model's
 // content and how the worker stores KV), never a process's, and it is put
 // as shared, so the kvstore keeps it when the worker that put it goes.
@@ -40,7 +40,8 @@ class PrefixTier {
   void put(std::span<const PrefixCache::NewBlock> blocks, std::span<const int32_t> tokens);
   // Fetches, block by block, the whole blocks of `prompt` (within the first
   // max_tokens) that follow those the prefix cache holds, into it. Returns
-  // the tokens fetched. Blocks the step until they arrive.
+  // the tokens fetched. Blocks the step until they arrive (2 s at most:
+  // the rest is then computed).
   int32_t fetch(std::span<const int32_t> prompt, int32_t max_tokens);
 
   // Bytes of blocks fetched into the prefix cache so far, and the time
@@ -49,15 +50,16 @@ class PrefixTier {
   double fetch_seconds() const { return fetch_seconds_; }
   // Bytes of one block in the tiers.
   size_t block_bytes() const { return block_tokens_ * sizeof(int32_t) + heads_ * cache_.page_bytes(); }
-  // The key of block `index` of the chain.
-  kvstore::BlockKey key_of(uint64_t chain_key, int32_t index) const;
+  // The kvstore key of block `index` of the chain (chain_key: its prefix-cache key).
+  kvstore::BlockKey block_key(uint64_t chain_key, int32_t index) const;
 
  private:
   // Fetches blocks held .. wanted - 1 (all that follow the stored ones);
   // returns how many arrived, in order, into the prefix cache.
   int32_t fetch_blocks(std::span<const int32_t> prompt, int32_t held, int32_t wanted);
-  // The pages of a fetched block, checked against the prompt's tokens; false
-  // (no page taken) when it failed, does not match or does not fit.
+  // The pages of a fetched block (no longer pending), checked against the
+  // prompt's tokens; false (no page taken) when it failed, does not match or
+  // does not fit.
   bool load_block(Fetch& fetch, std::span<const int32_t> block_tokens, std::vector<int32_t>& pages);
 
   KvCache& cache_;

@@ -15,6 +15,11 @@ void Fetch::wait() {
   done_.wait(lock, [this] { return ready(); });
 }
 
+bool Fetch::wait_until(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return done_.wait_until(lock, deadline, [this] { return ready(); });
+}
+
 void Fetch::finish(State state, std::string error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

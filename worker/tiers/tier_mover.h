@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -38,6 +39,8 @@ class Fetch {
   bool ready() const { return state() != State::kPending; }
   // Blocks until the fetch is done or failed.
   void wait();
+  // The same, giving up at `deadline`; false if it is still pending then.
+  bool wait_until(std::chrono::steady_clock::time_point deadline);
   // Valid once state() is kDone.
   const std::vector<uint8_t>& bytes() const { return bytes_; }
   const std::string& error() const { return error_; }

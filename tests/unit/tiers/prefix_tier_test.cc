@@ -69,7 +69,7 @@ struct Worker {
 
 // The stored block `index` replaced by `bytes`.
 void overwrite(TierMover& mover, const Worker& w, int32_t index, std::vector<uint8_t> bytes) {
-  mover.put(w.tier.key_of(w.prefix.block_keys(kPrompt, index + 1).back(), index), std::move(bytes), {1, true});
+  mover.put(w.tier.block_key(w.prefix.block_keys(kPrompt, index + 1).back(), index), std::move(bytes), {1, true});
   mover.flush();
 }
 
@@ -129,7 +129,7 @@ TEST(PrefixTier, AForeignOrShortBlockEndsTheFetchThereAndTakesNoPage) {
   EXPECT_EQ(third.cache.bytes_used(), kHeads * third.cache.page_bytes());
 
   // Missing: dropped from the store.
-  mover->drop(first.tier.key_of(first.prefix.block_keys(kPrompt, 1).back(), 0));
+  mover->drop(first.tier.block_key(first.prefix.block_keys(kPrompt, 1).back(), 0));
   mover->flush();
   Worker fourth(mover);
   EXPECT_EQ(fourth.tier.fetch(kPrompt, 40), 0);
@@ -159,7 +159,7 @@ TEST(PrefixTier, ABlockFlippedInRocksDbIsDetectedAndComputedInstead) {
       mover->flush();
     }
     EXPECT_EQ(mover->store_stats().nvme_blocks, 2u);  // blocks 0 and 1; block 2 in host memory
-    damaged = first.tier.key_of(first.prefix.block_keys(prompt, 2).back(), 1);
+    damaged = first.tier.block_key(first.prefix.block_keys(prompt, 2).back(), 1);
   }  // the store closes: NVMe keeps blocks 0 and 1
   {
     rocksdb::DB* raw = nullptr;

@@ -42,6 +42,7 @@ class PromptReuseTest : public ::testing::Test {
     std::vector<float> logprobs;
     int32_t cached = 0;  // cached_tokens reported
     int32_t fed = 0;     // prompt tokens the worker's passes fed
+    size_t fetched_bytes = 0;  // prefix_fetched_bytes reported
   };
 
   // Starts `seq` and runs it greedily: prefill items of `chunk` tokens until
@@ -63,6 +64,7 @@ class PromptReuseTest : public ::testing::Test {
       plan.start.clear();
       EXPECT_TRUE(r.failed.empty()) << (r.failed.empty() ? "" : r.failed[0].second);
       EXPECT_FALSE(r.out_of_memory);
+      run.fetched_bytes += r.prefix_fetched_bytes;
       if (r.tokens.size() != 1) return false;
       run.cached += r.tokens[0].cached_tokens;
       if (prefill > 0) run.fed += r.batch_tokens;
@@ -256,6 +258,9 @@ TEST_F(PromptReuseTest, TheCacheHoldsNoMoreThanItsBytes) {
 // blocks of its prompt, fetched instead of computed, with the same tokens.
 TEST_F(PromptReuseTest, AnotherWorkerFetchesThePromptsWholeBlocksFromTheTiers) {
   tiers::configure_tiers(tiers::TierConfig{});  // in-process host tier
+  struct Shutdown {
+    ~Shutdown() { tiers::shutdown_tiers(); }  // also when an assertion ends the test
+  } shutdown;
   LocalWorkerOptions with_tiers = options(kPrefixBytes);
   with_tiers.prefix_tiers = true;
   {
@@ -270,12 +275,13 @@ TEST_F(PromptReuseTest, AnotherWorkerFetchesThePromptsWholeBlocksFromTheTiers) {
   const Run fetched = generate(second, 2, longer, 512, 20);
   EXPECT_EQ(fetched.cached, 128);  // two whole blocks; the first worker's tail stayed with it
   EXPECT_EQ(fetched.fed, 190 - 128);
+  const size_t page_set = size_t(second.info().n_layer * second.info().n_head_kv) * second.info().kv_page_bytes;
+  EXPECT_EQ(fetched.fetched_bytes, 2 * (64 * sizeof(int32_t) + page_set));  // two blocks: token ids and pages
   LocalWorker plain(*model_, options(0));
   const Run computed = generate(plain, 2, longer, 512, 20);
   EXPECT_EQ(fetched.tokens, computed.tokens);
   ASSERT_EQ(fetched.logprobs.size(), computed.logprobs.size());
   for (size_t i = 0; i < computed.logprobs.size(); ++i) EXPECT_FLOAT_EQ(fetched.logprobs[i], computed.logprobs[i]);
-  tiers::shutdown_tiers();
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ app.kubernetes.io/component: {{ .component }}
     "LAZYKV_PREFIX_CACHE_TIERS" -}}
 {{- range $name, $_ := .Values.extraEnv -}}
 {{- if or (has $name $managed) (hasPrefix "LAZYKV_KV_" $name) -}}
-{{- fail (printf "extraEnv.%s: the chart sets it from its own value (kvPolicy, kvCacheMiB, prefixCacheMiB, threads, api, worker, kvstore)" $name) -}}
+{{- fail (printf "extraEnv.%s: the chart sets it from its own value (kvPolicy, kvCacheMiB, prefixCacheMiB, prefixCacheTiers, threads, api, worker, kvstore)" $name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
