@@ -168,7 +168,7 @@ std::chrono::milliseconds millis_flag(const Flags& flags, const std::string& nam
   return std::chrono::milliseconds(int64_t(value));
 }
 
-int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, Scheduler& scheduler,
+int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, SequenceQueue& scheduler,
                        metrics::Registry& registry, const ServiceConfig& service, const ServeOptions& options) {
   const int64_t grpc_port = flags.get_int_in("grpc-port", -1, 65535);  // -1: off
   const double drain_seconds = flags.get_double("drain-seconds");

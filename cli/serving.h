@@ -76,7 +76,7 @@ std::chrono::milliseconds millis_flag(const Flags& flags, const std::string& nam
 // then drains: /ready and gRPC health turn unavailable, new requests get 503,
 // running ones finish within --drain-seconds, the rest end with an error.
 // Returns the exit code (0).
-int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, Scheduler& scheduler,
+int serve_until_signal(const Flags& flags, const sigset_t& signals, const Tokenizer& tokenizer, SequenceQueue& scheduler,
                        metrics::Registry& registry, const ServiceConfig& service, const ServeOptions& options);
 
 }  // namespace lazykv

@@ -42,6 +42,22 @@ class Gauge {
   std::atomic<double> value_{0.0};
 };
 
+// One contributor's part of a gauge that several add up to (the schedulers
+// of a coordinator's groups on one registry): set() moves the gauge by the
+// change in this part. One writer per share.
+class GaugeShare {
+ public:
+  explicit GaugeShare(Gauge& gauge) : gauge_(&gauge) {}
+  void set(double v) {
+    gauge_->add(v - value_);
+    value_ = v;
+  }
+
+ private:
+  Gauge* gauge_;
+  double value_ = 0;
+};
+
 class Histogram {
  public:
   explicit Histogram(std::span<const double> upper_bounds);

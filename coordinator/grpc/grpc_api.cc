@@ -126,7 +126,7 @@ struct InFlight {
 
 }  // namespace
 
-GrpcApi::GrpcApi(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config)
+GrpcApi::GrpcApi(const Tokenizer& tokenizer, SequenceQueue& scheduler, metrics::Registry& metrics, ServiceConfig config)
     : tokenizer_(tokenizer),
       prompts_(tokenizer),
       constraints_(config.constraints ? config.constraints : std::make_shared<grammar::ConstraintCache>(tokenizer)),

@@ -16,7 +16,7 @@
 
 #include "common/metrics/registry.h"
 #include "common/rpc/grpc_server.h"
-#include "coordinator/scheduler/scheduler.h"
+#include "coordinator/scheduler/sequence_queue.h"
 #include "coordinator/server/service_config.h"
 #include "coordinator/server/prompt_encoder.h"
 #include "lazykv/v1/lazykv.grpc.pb.h"
@@ -25,7 +25,7 @@ namespace lazykv {
 
 class GrpcApi final : public lazykv::v1::Lazykv::Service {
  public:
-  GrpcApi(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config);
+  GrpcApi(const Tokenizer& tokenizer, SequenceQueue& scheduler, metrics::Registry& metrics, ServiceConfig config);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -52,7 +52,7 @@ class GrpcApi final : public lazykv::v1::Lazykv::Service {
   const Tokenizer& tokenizer_;
   PromptEncoder prompts_;
   std::shared_ptr<grammar::ConstraintCache> constraints_;
-  Scheduler& scheduler_;
+  SequenceQueue& scheduler_;
   metrics::Registry& metrics_;
   ServiceConfig config_;
   std::atomic<int> in_flight_{0};

@@ -63,14 +63,27 @@ size_t kv_bytes_for(const WorkerInfo& info, const PolicyConfig& policy, size_t n
 
 Scheduler::Scheduler(StepExecutor& worker, const Tokenizer& tokenizer, metrics::Registry& metrics,
                      const SchedulerOptions& options)
-    : worker_(worker), tokenizer_(tokenizer), metrics_(metrics), options_(options), info_(worker.info()) {
+    : worker_(worker),
+      tokenizer_(tokenizer),
+      metrics_(metrics),
+      options_(options),
+      info_(worker.info()),
+      next_id_(options.first_id),
+      waiting_gauge_(metrics.gauge(metrics::kRequestsWaiting)),
+      running_gauge_(metrics.gauge(metrics::kRequestsRunning)),
+      kv_slots_gauge_(metrics.gauge(metrics::kKvSlots, {"device"})),
+      kv_bytes_gauge_(metrics.gauge(metrics::kKvBytes, {"device"})),
+      kv_pool_gauge_(metrics.gauge(metrics::kKvPoolBytes, {"device"})),
+      prefix_cache_gauge_(metrics.gauge(metrics::kPrefixCacheBytes)),
+      capacity_gauge_(metrics.gauge(metrics::kKvCapacityBytes, {"device"})) {
   if (options_.max_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--max-batch must be >= 1");
   if (options_.max_waiting < 1) throw Error(ErrorCode::kInvalidArgument, "--max-waiting must be >= 1");
+  if (options_.id_stride < 1) throw Error(ErrorCode::kInvalidArgument, "the id stride must be >= 1");
   // With no prompt tokens per step a prompt would never start, and the step thread would spin.
   if (options_.max_prefill_tokens < 1) {
     throw Error(ErrorCode::kInvalidArgument, "--max-prefill-tokens must be >= 1");
   }
-  metrics_.gauge(metrics::kKvCapacityBytes, {"device"}).set(double(info_.kv_capacity_bytes));
+  capacity_gauge_.set(double(info_.kv_capacity_bytes));
   metrics_.gauge(metrics::kWorkerUp, {options_.worker_label}).set(1);
   thread_ = std::thread([this] { loop(); });
 }
@@ -96,6 +109,8 @@ std::vector<SequenceHandle> Scheduler::submit(std::vector<SequenceRequest> reque
     }
   }
   check_fits_queue(requests.size());
+  int64_t tokens = 0;
+  for (const SequenceRequest& r : requests) tokens += int64_t(r.prompt.size()) + r.max_new_tokens;
   std::vector<SequenceHandle> handles;
   {
     std::lock_guard lock(mutex_);
@@ -106,16 +121,36 @@ std::vector<SequenceHandle> Scheduler::submit(std::vector<SequenceRequest> reque
     }
     auto stream = std::make_shared<SequenceStream>();
     for (SequenceRequest& r : requests) {
-      auto seq = std::make_unique<Sequence>(next_id_++, std::move(r), stream, tokenizer_);
+      auto seq = std::make_unique<Sequence>(next_id_, std::move(r), stream, tokenizer_);
+      next_id_ += options_.id_stride;
       handles.push_back({seq->id, seq->stream});
       inbox_.push_back(std::move(seq));
     }
     waiting_count_ += handles.size();
+    outstanding_tokens_ += tokens;
+    publish_waiting_locked();
   }
-  metrics_.gauge(metrics::kRequestsWaiting).set(double(waiting_count_.load()));
   wake_.notify_all();
   return handles;
 }
+
+bool Scheduler::adopt(UnstartedSequence& s) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || draining_ || waiting_count_.load() >= size_t(options_.max_waiting)) return false;
+    const int64_t tokens = int64_t(s.request.prompt.size()) + s.request.max_new_tokens;
+    auto seq = std::make_unique<Sequence>(s.id, std::move(s.request), std::move(s.stream), tokenizer_);
+    seq->counted = s.prompt_counted;
+    inbox_.push_back(std::move(seq));
+    ++waiting_count_;
+    outstanding_tokens_ += tokens;
+    publish_waiting_locked();
+  }
+  wake_.notify_all();
+  return true;
+}
+
+void Scheduler::publish_waiting_locked() { waiting_gauge_.set(double(waiting_count_.load())); }
 
 void Scheduler::check_fits_queue(size_t n) const {
   if (n <= size_t(options_.max_waiting)) return;
@@ -156,6 +191,7 @@ void Scheduler::finish(Sequence& seq, const std::string& reason, const std::stri
                        bool invalid_request) {
   if (seq.done) return;
   seq.done = true;
+  outstanding_tokens_ -= int64_t(seq.request.prompt.size()) + seq.request.max_new_tokens;
   SequenceEvent event;
   event.kind = SequenceEvent::Kind::kFinish;
   event.sequence = seq.id;
@@ -357,11 +393,13 @@ bool Scheduler::step_once() {
         seq.prefilled = false;
         seq.prompt_fed = 0;
         waiting_.push_front(std::move(*it));
-      } else {
+      } else if (retry || !hand_over(seq)) {
         finish(seq, "error", std::string("the worker failed: ") + e.what(), true);
       }
     }
     running_.clear();
+    // A dead worker's queue goes to the other groups now, not a step at a time.
+    if (!retry && options_.hand_over) std::erase_if(waiting_, [this](const auto& s) { return hand_over(*s); });
     pending_release_.insert(pending_release_.end(), plan.release.begin(), plan.release.end());
     for (const SequenceStart& s : plan.start) pending_release_.push_back(s.seq);
     update_gauges();
@@ -433,10 +471,10 @@ bool Scheduler::step_once() {
   metrics_.counter(metrics::kDemotions).inc(double(result.demoted_slots));
   metrics_.counter(metrics::kPromotions).inc(double(result.promoted_slots));
   metrics_.counter(metrics::kPromotionHits).inc(double(result.promotion_hits));
-  metrics_.gauge(metrics::kKvSlots, {"device"}).set(double(result.kv_slots));
-  metrics_.gauge(metrics::kKvBytes, {"device"}).set(double(result.kv_bytes));
-  metrics_.gauge(metrics::kKvPoolBytes, {"device"}).set(double(result.kv_pool_bytes));
-  metrics_.gauge(metrics::kPrefixCacheBytes).set(double(result.prefix_cache_bytes));
+  kv_slots_gauge_.set(double(result.kv_slots));
+  kv_bytes_gauge_.set(double(result.kv_bytes));
+  kv_pool_gauge_.set(double(result.kv_pool_bytes));
+  prefix_cache_gauge_.set(double(result.prefix_cache_bytes));
   metrics_.counter(metrics::kPrefixCacheFetchedBytes).inc(double(result.prefix_fetched_bytes));
   metrics_.counter(metrics::kPrefixCacheFetchSeconds).inc(result.prefix_fetch_seconds);
   for (const SampledToken& sampled : result.tokens) {
@@ -452,6 +490,20 @@ bool Scheduler::step_once() {
     seq.prompt_fed = seq.feed_size();
     on_token(seq, sampled);
   }
+  return true;
+}
+
+bool Scheduler::hand_over(Sequence& seq) {
+  // One that sent an event (a token before a preemption) cannot start over elsewhere.
+  if (!options_.hand_over || seq.done || !seq.generated.empty()) return false;
+  const int64_t tokens = int64_t(seq.request.prompt.size()) + seq.request.max_new_tokens;
+  UnstartedSequence moved{seq.id, std::move(seq.request), seq.stream, seq.counted};
+  if (!options_.hand_over(moved)) {
+    seq.request = std::move(moved.request);  // untouched by a refusal; finish() reports it here
+    return false;
+  }
+  seq.done = true;  // it lives on in the other scheduler
+  outstanding_tokens_ -= tokens;
   return true;
 }
 
@@ -492,9 +544,9 @@ void Scheduler::update_gauges() {
     waiting = waiting_.size() + inbox_.size();
     waiting_count_ = waiting;
     running_count_ = running_.size();
+    publish_waiting_locked();
   }
-  metrics_.gauge(metrics::kRequestsWaiting).set(double(waiting));
-  metrics_.gauge(metrics::kRequestsRunning).set(double(running_.size()));
+  running_gauge_.set(double(running_.size()));
   if (running_.empty() && waiting == 0) idle_.notify_all();
 }
 

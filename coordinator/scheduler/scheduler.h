@@ -33,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,9 +41,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "coordinator/grammar/token_constraint.h"
 #include "common/metrics/registry.h"
-#include "coordinator/scheduler/sequence_stream.h"
+#include "coordinator/scheduler/sequence_queue.h"
 #include "coordinator/scheduler/step_cost.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/step_executor.h"
@@ -53,6 +53,15 @@ namespace lazykv {
 // max_decode_stall says: a prompt always progresses, and a token budget that
 // small would run prompts at a small fraction of the prefill throughput.
 constexpr int32_t kMinPrefillChunk = 16;
+
+// A sequence that never ran, taken off a dead worker's queue to run on
+// another group's (GroupDispatcher): it keeps its id and its stream.
+struct UnstartedSequence {
+  uint64_t id = 0;
+  SequenceRequest request;
+  std::shared_ptr<SequenceStream> stream;
+  bool prompt_counted = false;  // its prompt tokens are in the metrics already
+};
 
 struct SchedulerOptions {
   int max_batch = 32;                // sequences in one step
@@ -73,28 +82,17 @@ struct SchedulerOptions {
   // that crashes the worker then fails instead of crashing it forever.
   std::chrono::milliseconds start_retry_window{10'000};
   std::string worker_label = "0";    // the `worker` label of step metrics
+  // Sequence ids are first_id, first_id + id_stride, ...: the schedulers of
+  // several groups behind one API never share an id.
+  uint64_t first_id = 1;
+  uint64_t id_stride = 1;
+  // Once the worker is declared dead, each sequence that has sent no event
+  // yet is offered here (from the step thread) instead of failing; true when
+  // another scheduler adopted it. Null: they fail.
+  std::function<bool(UnstartedSequence&)> hand_over;
 };
 
-struct SequenceRequest {
-  std::vector<int32_t> prompt;
-  int32_t max_new_tokens = 16;
-  SamplingParams sampling;
-  PolicyConfig policy;
-  int top_logprobs = -1;  // -1: none
-  std::vector<std::string> stop;
-  bool ignore_eos = false;  // end-of-generation tokens do not end it (benchmarks: a fixed output length)
-  // Structured output: every sampled token keeps the text a prefix of this
-  // grammar's language, and it ends only where the grammar may (null: free text).
-  std::shared_ptr<const grammar::TokenConstraint> constraint;
-  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
-};
-
-struct SequenceHandle {
-  uint64_t id = 0;
-  std::shared_ptr<SequenceStream> stream;
-};
-
-class Scheduler {
+class Scheduler final : public SequenceQueue {
  public:
   Scheduler(StepExecutor& worker, const Tokenizer& tokenizer, metrics::Registry& metrics,
             const SchedulerOptions& options);
@@ -102,31 +100,24 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues sequences together (all or none); their events share one stream. Throws Error(kInvalidArgument)
-  // for one that can never run (empty prompt, prompt plus max_new_tokens
-  // beyond the context, a prompt larger than the whole KV capacity) and
-  // Error(kUnavailable) when the queue is full or the scheduler is draining.
-  std::vector<SequenceHandle> submit(std::vector<SequenceRequest> requests);
-  // Throws Error(kInvalidArgument) when `n` sequences submitted together could
-  // never fit the queue, so callers can refuse before building them.
-  void check_fits_queue(size_t n) const;
-  // Ends a waiting or running sequence with finish_reason "cancelled" and
-  // frees its KV at the next step. Unknown or finished ids are ignored.
-  void cancel(uint64_t id);
+  std::vector<SequenceHandle> submit(std::vector<SequenceRequest> requests) override;
+  void check_fits_queue(size_t n) const override;
+  void cancel(uint64_t id) override;
+  void drain() override;
+  bool draining() const override { return draining_.load(); }
+  void stop(const std::string& reason) override;  // and stops the step thread
+  size_t running() const override { return running_count_.load(); }
+  size_t waiting() const override { return waiting_count_.load(); }
+  const WorkerInfo& worker_info() const override { return info_; }
 
-  // Stops admitting new submissions (they get kUnavailable); queued and
-  // running sequences go on.
-  void drain();
-  bool draining() const { return draining_.load(); }
   // Waits until nothing is queued or running, or the deadline; true if idle.
   bool wait_idle(std::chrono::steady_clock::time_point deadline);
-  // Ends every queued and running sequence with an error (unavailable) and
-  // stops the step thread. Idempotent.
-  void stop(const std::string& reason);
-
-  size_t running() const { return running_count_.load(); }
-  size_t waiting() const { return waiting_count_.load(); }
-  const WorkerInfo& worker_info() const { return info_; }
+  // Queues a sequence another scheduler handed over (SchedulerOptions::hand_over),
+  // moving from `s` only when it takes it; false when stopping, draining or full.
+  bool adopt(UnstartedSequence& s);
+  // Prompt plus max_new_tokens of every sequence queued or running: its load.
+  int64_t outstanding_tokens() const { return outstanding_tokens_.load(); }
+  bool worker_alive() const { return worker_.alive(); }
 
  private:
   struct Sequence;
@@ -144,6 +135,9 @@ class Scheduler {
   std::vector<uint32_t> allowed_tokens(const Sequence& seq) const;
   // The worker took the first `cached_tokens` of the sequence's prompt from its prefix cache.
   void count_prefix_hit(Sequence& seq, int32_t cached_tokens);
+  // After a failed step on a dead worker: offers `seq` to options_.hand_over; true when it went.
+  bool hand_over(Sequence& seq);
+  void publish_waiting_locked();
 
   StepExecutor& worker_;
   const Tokenizer& tokenizer_;
@@ -159,10 +153,15 @@ class Scheduler {
   std::unordered_set<uint64_t> cancels_;
   bool stopping_ = false;
   std::string stop_reason_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_;
   std::atomic<bool> draining_{false};
   std::atomic<size_t> running_count_{0};
   std::atomic<size_t> waiting_count_{0};
+  std::atomic<int64_t> outstanding_tokens_{0};
+  // This scheduler's part of the gauges every group's scheduler adds to.
+  metrics::GaugeShare waiting_gauge_;  // under mutex_
+  metrics::GaugeShare running_gauge_, kv_slots_gauge_, kv_bytes_gauge_, kv_pool_gauge_, prefix_cache_gauge_,
+      capacity_gauge_;  // the step thread's (capacity: the constructor's)
 
   // Owned by the step thread.
   std::deque<std::unique_ptr<Sequence>> waiting_;

@@ -75,7 +75,7 @@ api::TokenLogprob to_api(const TokenInfo& token, int32_t offset) {
 
 }  // namespace
 
-OpenAiService::OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics,
+OpenAiService::OpenAiService(const Tokenizer& tokenizer, SequenceQueue& scheduler, metrics::Registry& metrics,
                              ServiceConfig config)
     : tokenizer_(tokenizer),
       prompts_(tokenizer),

@@ -21,7 +21,7 @@
 #include "coordinator/api/openai_response.h"
 #include "coordinator/chat/tool_call_parser.h"
 #include "coordinator/http/http_server.h"
-#include "coordinator/scheduler/scheduler.h"
+#include "coordinator/scheduler/sequence_queue.h"
 #include "coordinator/server/prompt_encoder.h"
 #include "coordinator/server/service_config.h"
 
@@ -29,7 +29,7 @@ namespace lazykv {
 
 class OpenAiService {
  public:
-  OpenAiService(const Tokenizer& tokenizer, Scheduler& scheduler, metrics::Registry& metrics, ServiceConfig config);
+  OpenAiService(const Tokenizer& tokenizer, SequenceQueue& scheduler, metrics::Registry& metrics, ServiceConfig config);
 
   // The http::Handler.
   void handle(const http::Request& request, http::ResponseWriter& out);
@@ -76,7 +76,7 @@ class OpenAiService {
   const Tokenizer& tokenizer_;
   PromptEncoder prompts_;
   std::shared_ptr<grammar::ConstraintCache> constraints_;
-  Scheduler& scheduler_;
+  SequenceQueue& scheduler_;
   metrics::Registry& metrics_;
   ServiceConfig config_;
   ReasoningFormat reasoning_;  // config_.reasoning, or what the chat template implies

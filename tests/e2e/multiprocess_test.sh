@@ -13,10 +13,10 @@ source "$(dirname "$0")/lib.sh"
 now() { date +%s.%N; }
 elapsed_below() { /usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) - float(sys.argv[1]) < float(sys.argv[3]) else 1)" "$@"; }
 
-# start_worker LISTEN: sets $worker_pid and $worker_port.
+# start_worker LISTEN [ARGS...]: sets $worker_pid and $worker_port.
 start_worker() {
   local log=$work/worker.$RANDOM.log line
-  "$bin" worker --model "$LAZYKV_DEFAULT_MODEL" --listen "$1" --threads 2 --kv-cache-mib 256 >"$log" 2>&1 &
+  "$bin" worker --model "$LAZYKV_DEFAULT_MODEL" --listen "$1" --threads 2 --kv-cache-mib 256 "${@:2}" >"$log" 2>&1 &
   worker_pid=$!
   pids+=("$worker_pid")
   line=$(wait_for_line "$log" 'listening on [0-9.]*:[0-9]*' "$worker_pid")
@@ -116,6 +116,57 @@ line=$(wait_for_line "$work/rank.log" 'listening on [0-9.]*:[0-9]*' "$rank_pid")
 check "a coordinator given one rank of a group of two exits non-zero" test $? -ne 0
 check "  naming the rank and what to do" grep -q 'is rank 0 of 2: give the coordinator one --worker per rank' "$work/lone.log"
 kill -TERM "$rank_pid"; wait "$rank_pid" 2>/dev/null
+
+# --- one coordinator, two groups ---------------------------------------------------
+start_worker 127.0.0.1:0 --threads 1 --prefix-cache-mib 16
+group_pid=("$worker_pid") group_port=("$worker_port")
+start_worker 127.0.0.1:0 --threads 1 --prefix-cache-mib 16
+group_pid+=("$worker_pid") group_port+=("$worker_port")
+coord_log=$work/groups.log
+"$bin" coordinator --model "$LAZYKV_DEFAULT_MODEL" --group "127.0.0.1:${group_port[0]}" \
+  --group "127.0.0.1:${group_port[1]}" --port 0 --max-batch 2 --heartbeat-interval-ms 200 >"$coord_log" 2>&1 &
+coord_pid=$!
+pids+=("$coord_pid")
+url=$(wait_for_line "$coord_log" 'listening on http://[0-9.:]*' "$coord_pid")
+url=${url#listening on }
+[ -n "$url" ] || { cat "$coord_log" >&2; echo "FAILED: the coordinator of two groups did not start" >&2; exit 1; }
+load=$(dirname "$0")/router_load.py
+/usr/bin/python3 "$load" "$url" "$model" 16 4 6 4 >"$work/groups.json"
+check "two groups: 16 of 16 requests answered" test "$(json_get "sum(r['status'] == 200 for r in d['requests'])" <"$work/groups.json")" = 16
+metrics=$(curl -s "$url/metrics")
+for g in 0 1; do
+  check "  group $g ran steps" grep -q "lazykv_step_duration_seconds_count{worker=\"$g.0\"} [1-9]" <<<"$metrics"
+done
+check "  a prompt's prefix was reused from a group's prefix cache" grep -q '^lazykv_prefix_cache_hit_tokens_total [1-9]' <<<"$metrics"
+
+timeout 120 /usr/bin/python3 "$load" "$url" "$model" 12 4 12 24 >"$work/groups_kill.json" &
+load_pid=$!
+# The kill comes once the first sequences decode and more wait behind them.
+metric() { curl -s "$url/metrics" | awk -v name="$1" '$1 == name {print int($2)}'; }
+for _ in $(seq 1 300); do
+  [ "$(metric lazykv_generation_tokens_total)" -ge 8 ] 2>/dev/null && [ "$(metric lazykv_requests_waiting)" -ge 4 ] && break
+  sleep 0.05
+done
+waiting=$(metric lazykv_requests_waiting)
+check "at the kill, requests wait in the groups' queues ($waiting)" test "$waiting" -ge 4
+kill -9 "${group_pid[1]}"
+wait "${group_pid[1]}" 2>/dev/null
+wait "$load_pid"
+check "the load under the kill of group 1's worker finished (nothing hung)" test $? = 0
+ok=$(json_get "sum(r['status'] == 200 for r in d['requests'])" <"$work/groups_kill.json")
+cut=$(json_get "sum(r['status'] == 503 and 'worker' in r['error'] for r in d['requests'])" <"$work/groups_kill.json")
+check "every request answered or ended with a clear 503 ($ok answered, $cut cut)" test $((ok + cut)) = 12
+check "at most the 2 requests group 1 was running were cut ($cut)" test "$cut" -le 2
+echo "   $(json_get "next((r['error'] for r in d['requests'] if r['status'] != 200), 'no request was cut')" <"$work/groups_kill.json" | cut -c1-160)"
+check "GET /ready -> 200 with one group up" test "$(status_of "$url/ready")" = 200
+check "a request after the kill -> 200" \
+  test "$(status_of "$url/v1/chat/completions" -H 'Content-Type: application/json' -d "$chat_body")" = 200
+grep -q 'lazykv_worker_up{worker="1.0"} 0' <<<"$(curl -s "$url/metrics")"
+check 'lazykv_worker_up{worker="1.0"} 0' test $? = 0
+kill -TERM "$coord_pid"
+wait "$coord_pid"
+check "the coordinator of two groups exits 0 on SIGTERM" test $? = 0
+kill -TERM "${group_pid[0]}"; wait "${group_pid[0]}" 2>/dev/null
 
 if [ "$failures" -gt 0 ]; then
   echo "--- coordinator log" >&2; cat "$coord_log" >&2

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/metrics/metric_names.h"
+#include "coordinator/scheduler/scheduler.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"

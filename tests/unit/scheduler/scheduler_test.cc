@@ -9,8 +9,10 @@
 #include <future>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "common/error.h"
+#include "coordinator/groups/group_dispatcher.h"
 #include "tests/unit/step_plans.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"
@@ -686,6 +688,7 @@ class FlakyWorker final : public StepExecutor {
     failures_ = 0;
     up_ = true;
   }
+  void kill() { up_ = false; }  // declared dead, as after missed heartbeats
 
  private:
   StepExecutor& inner_;
@@ -842,6 +845,111 @@ TEST_F(SchedulerTest, APrefixCacheHitShortensThePromptsChunksAndIsCounted) {
   EXPECT_GE(registry.gauge(metrics::kPrefixCacheBytes).value(), 5 * page_set);
   scheduler.stop("test over");
   EXPECT_EQ(double(worker.step(StepPlan{}).prefix_cache_bytes), 6 * page_set);
+}
+
+// Several groups behind one API (GroupDispatcher): each group here is an
+// in-process worker with its own scheduler.
+
+std::vector<int32_t> long_prompt(int seed) {  // 140 tokens: two whole 64-token blocks
+  std::vector<int32_t> p = {1};
+  for (int k = 1; k < 140; ++k) p.push_back(3 + (31 * seed + 7 * k) % 250);
+  return p;
+}
+
+TEST_F(SchedulerTest, GroupsGiveDistinctIdsAndAPromptGoesBackWhereItsPrefixRan) {
+  LocalWorker w0(*model_, worker_options()), w1(*model_, worker_options());
+  metrics::Registry registry;
+  GroupDispatcher groups({{&w0, "0.0"}, {&w1, "1.0"}}, *tokenizer_, registry, SchedulerOptions{});
+  const std::vector<int32_t> a = long_prompt(1), b = long_prompt(2);
+  EXPECT_EQ(groups.choose(a), 0) << "nothing known: the least loaded, first in turn";
+  EXPECT_EQ(groups.choose(b), 1) << "equal loads go round the groups";
+  std::vector<int32_t> a_next_turn = a;
+  a_next_turn.insert(a_next_turn.end(), {9, 10, 11});
+  EXPECT_EQ(groups.choose(a_next_turn), 0) << "where a's blocks ran";
+  EXPECT_EQ(groups.choose(b), 1);
+
+  SequenceRequest ra = request(0, 5), rb = request(0, 5);
+  ra.prompt = a_next_turn;
+  rb.prompt = b;
+  const std::vector<SequenceHandle> ha = groups.submit({ra}), hb = groups.submit({rb});
+  EXPECT_EQ(ha[0].id % 2, 1u) << "group 0 numbers 1, 3, 5, ...";
+  EXPECT_EQ(hb[0].id % 2, 0u) << "group 1 numbers 2, 4, 6, ...";
+  const std::vector<Outcome> reference = alone({ra, rb});
+  EXPECT_EQ(collect(ha)[0].tokens, reference[0].tokens);
+  EXPECT_EQ(collect(hb)[0].tokens, reference[1].tokens);
+  EXPECT_GT(registry.histogram(metrics::kStepDuration, {"0.0"}).snapshot().count, 0u);
+  EXPECT_GT(registry.histogram(metrics::kStepDuration, {"1.0"}).snapshot().count, 0u);
+  groups.stop("test over");
+  EXPECT_EQ(registry.gauge(metrics::kRequestsWaiting).value(), 0);
+  EXPECT_EQ(groups.group(0).outstanding_tokens() + groups.group(1).outstanding_tokens(), 0);
+}
+
+TEST_F(SchedulerTest, ARequestWhoseHomeGroupIsBusyGoesToTheLeastLoadedAndTheHomeStays) {
+  LocalWorker w0(*model_, worker_options()), w1(*model_, worker_options());
+  GatedWorker gated(w0);
+  metrics::Registry registry;
+  GroupDispatcherOptions options;
+  options.affinity_slack_tokens = 10;
+  GroupDispatcher groups({{&gated, "0.0"}, {&w1, "1.0"}}, *tokenizer_, registry, SchedulerOptions{}, options);
+  const std::vector<int32_t> a = long_prompt(1);
+  EXPECT_EQ(groups.choose(a), 0);
+  EXPECT_EQ(groups.choose(long_prompt(2)), 1);
+  // A short prompt has no blocks: the least loaded in turn, group 0, whose gated step holds it.
+  const std::vector<SequenceHandle> held = groups.submit({request(0, 30)});
+  gated.wait_entered();
+  EXPECT_GT(groups.group(0).outstanding_tokens(), 10);
+  EXPECT_EQ(groups.choose(a), 1) << "group 0 is more than the slack above group 1";
+  gated.open();
+  EXPECT_EQ(collect(held)[0].finish, "length");
+  EXPECT_EQ(groups.choose(a), 0) << "the spill-over did not move a's home";
+}
+
+TEST_F(SchedulerTest, ADeadGroupHandsTheSequencesItHasNotStartedToAnother) {
+  LocalWorker w0(*model_, worker_options()), w1(*model_, worker_options());
+  FlakyWorker flaky(w0, -1, true);  // up, but every step fails: its sequences wait to be started again
+  metrics::Registry registry;
+  SchedulerOptions scheduler_options;
+  scheduler_options.start_retry_window = std::chrono::seconds(60);
+  GroupDispatcher groups({{&flaky, "0.0"}, {&w1, "1.0"}}, *tokenizer_, registry, scheduler_options);
+  const std::vector<SequenceRequest> requests = {request(1, 6), request(2, 6)};
+  const std::vector<SequenceHandle> handles = groups.submit(requests);  // group 0, first in turn
+  while (flaky.starting_steps() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  flaky.kill();  // declared dead: the next failed step hands them over
+  const std::vector<Outcome> got = collect(handles);
+  const std::vector<Outcome> reference = alone(requests);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].error, "");
+    EXPECT_EQ(got[i].tokens, reference[i].tokens) << "sequence " << i;
+  }
+  EXPECT_EQ(registry.counter(metrics::kErrors, {"unavailable"}).value(), 0);
+  EXPECT_EQ(groups.group(0).outstanding_tokens(), 0);
+  EXPECT_EQ(groups.choose(long_prompt(3)), 1) << "a dead group gets nothing new";
+  EXPECT_EQ(groups.choose(long_prompt(4)), 1);
+  flaky.heal();
+}
+
+TEST_F(SchedulerTest, GroupsOfDifferentModelsAreRefusedAndCapacitiesAddUp) {
+  LocalWorker probe(*model_, worker_options());
+  const WorkerInfo info = probe.info();
+  const size_t page_set = info.kv_page_bytes * size_t(info.n_layer * info.n_head_kv);
+  LocalWorker small(*model_, worker_options(4 * page_set)), large(*model_, worker_options(8 * page_set));
+  metrics::Registry registry;
+  {
+    GroupDispatcher groups({{&small, "0.0"}, {&large, "1.0"}}, *tokenizer_, registry, SchedulerOptions{});
+    EXPECT_EQ(groups.worker_info().kv_capacity_bytes, 4 * page_set) << "what every group can take";
+    EXPECT_EQ(registry.gauge(metrics::kKvCapacityBytes, {"device"}).value(), double(12 * page_set));
+  }
+  LocalWorkerOptions other = worker_options();
+  other.n_vocab = tokenizer_->n_vocab() - 1;
+  LocalWorker other_vocabulary(*model_, other);
+  metrics::Registry other_registry;
+  try {
+    GroupDispatcher groups({{&small, "0.0"}, {&other_vocabulary, "1.0"}}, *tokenizer_, other_registry,
+                           SchedulerOptions{});
+    ADD_FAILURE() << "groups of different vocabularies were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group 1 serves a different model"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/scheduler/scheduler.h"
 #include "coordinator/server/sequence_builder.h"
 #include "tests/unit/tiny_model_fixture.h"
 #include "worker/local_worker.h"
