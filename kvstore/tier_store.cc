@@ -31,9 +31,19 @@
 // until the allocation succeeds. A victim goes to tier 2 if tier 2 is
 // configured and its predicted next use is at most nvme_admit_horizon_steps
 // after the current clock (never predicted: rejected); otherwise, or if tier
-// 2 is full, it is dropped. Counting: nvme_admitted = written to tier 2;
-// nvme_rejected = tier 2 configured but not written (the rule or a full
-// tier); dropped_victims = every victim not written.
+// 2 is full and cannot make room, it is dropped. Counting: nvme_admitted =
+// written to tier 2; nvme_rejected = tier 2 configured but not written (the
+// rule or a full tier); dropped_victims = every victim not written.
+//
+// Making room in tier 2. Tier 2 keeps blocks of peers that are gone (shared
+// prompt blocks, blocks recovered at open), so it must evict or it fills for
+// good. When a victim admitted by the rule does not fit, tier-2 blocks are
+// erased one at a time: first those whose predicted use has passed without a
+// read (the longest overdue first), then those predicted furthest away (never
+// predicted, e.g. recovered, first), but only while they are predicted later
+// than the incoming victim; otherwise the victim is rejected. nvme_by_use
+// orders tier-2 entries by predicted next use for this; nvme_evicted counts
+// the blocks erased.
 //
 // Tiers are exclusive: a get that finds the block only in tier 2 reads it
 // (NvmeTier verifies its key and checksum; we also compare the checksum the
@@ -70,6 +80,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -129,7 +140,7 @@ struct TierStore::Impl {
   struct Metrics {
     metrics::Gauge *host_bytes, *nvme_bytes, *host_capacity, *nvme_capacity, *host_blocks, *nvme_blocks, *leases,
         *fragmentation;
-    metrics::Counter *admitted, *rejected, *to_nvme_bytes, *to_host_bytes;
+    metrics::Counter *admitted, *rejected, *evicted, *to_nvme_bytes, *to_host_bytes;
     metrics::Histogram *to_nvme_seconds, *to_host_seconds;
   };
 
@@ -141,7 +152,10 @@ struct TierStore::Impl {
       nvme = std::make_unique<NvmeTier>(NvmeTierOptions{options.nvme_path, options.nvme_capacity_bytes, false});
       // Blocks already in tier 2 are published; their next use is unknown
       // and their checksum is learned (and verified by NvmeTier) on read.
-      for (const BlockKey& key : nvme->keys()) index.emplace(key, Entry{Tier::kNvme, next_page++, 0, false, kNever});
+      for (const BlockKey& key : nvme->keys()) {
+        index.emplace(key, Entry{Tier::kNvme, next_page++, 0, false, kNever});
+        nvme_by_use.emplace(kNever, key);
+      }
     }
     if (options.metrics) {
       metrics::Registry& r = *options.metrics;
@@ -156,6 +170,7 @@ struct TierStore::Impl {
                   &r.gauge(kKvstorePoolFragmentation),
                   &r.counter(kKvstoreNvmeAdmissions, {"admitted"}),
                   &r.counter(kKvstoreNvmeAdmissions, {"rejected"}),
+                  &r.counter(kKvstoreNvmeAdmissions, {"evicted"}),
                   &r.counter(kTransferBytes, {"host", "nvme"}),
                   &r.counter(kTransferBytes, {"nvme", "host"}),
                   &r.histogram(kTransferDuration, {"host", "nvme"}),
@@ -221,7 +236,7 @@ struct TierStore::Impl {
 
     if (nvme) {
       const uint64_t steps = entry.next_use == kNever ? kNever : (entry.next_use > clock ? entry.next_use - clock : 0);
-      if (steps != kNever && steps <= options.nvme_admit_horizon_steps) {
+      if (steps != kNever && steps <= options.nvme_admit_horizon_steps && make_nvme_room(block.bytes, entry.next_use)) {
         const auto start = Clock::now();
         bool written = false;
         try {
@@ -243,6 +258,7 @@ struct TierStore::Impl {
           entry.tier = Tier::kNvme;
           entry.checksum = block.checksum;
           entry.checksum_known = true;
+          nvme_by_use.emplace(entry.next_use, block.key);
           --host_published;
           free_host_block(victim);
           return;
@@ -252,6 +268,32 @@ struct TierStore::Impl {
       if (options.metrics) m.rejected->inc();
     }
     drop_victim(entry_it, victim);
+  }
+
+  // See "Making room in tier 2" above. False: the victim is rejected.
+  bool make_nvme_room(uint64_t bytes, uint64_t next_use) {
+    const NvmeTierStats tier = nvme->stats();
+    if (bytes > tier.capacity_bytes) return false;
+    uint64_t used = tier.used_bytes;
+    while (used + bytes > tier.capacity_bytes && !nvme_by_use.empty()) {
+      auto candidate = nvme_by_use.begin();
+      if (candidate->first >= clock) {  // none overdue: the furthest, if later than the victim
+        candidate = std::prev(nvme_by_use.end());
+        if (candidate->first <= next_use) return false;
+      }
+      const BlockKey key = candidate->second;
+      nvme_by_use.erase(candidate);
+      index.erase(key);
+      used -= nvme->block_bytes(key).value_or(0);
+      nvme->erase(key);
+      ++counters.nvme_evicted;
+      if (options.metrics) m.evicted->inc();
+    }
+    return used + bytes <= tier.capacity_bytes;
+  }
+  // Before a tier-2 entry leaves the index or tier 2.
+  void forget_nvme_entry(const BlockKey& key, const Entry& entry) {
+    if (entry.tier == Tier::kNvme) nvme_by_use.erase({entry.next_use, key});
   }
 
   void drop_victim(std::map<BlockKey, Entry>::iterator entry_it, PageId victim) {
@@ -295,6 +337,7 @@ struct TierStore::Impl {
   void remove_entry(std::map<BlockKey, Entry>::iterator it) {
     const BlockKey key = it->first;
     const Entry entry = it->second;
+    forget_nvme_entry(key, entry);
     index.erase(it);
     if (entry.tier == Tier::kHost) {
       retire_host_block(entry.page);
@@ -385,6 +428,7 @@ struct TierStore::Impl {
   size_t zombies = 0;
   uint64_t allocated_bytes = 0;  // pool bytes in use, in allocation units
   uint64_t evictable_bytes = 0;  // pool bytes of the blocks in the policy
+  std::set<std::pair<uint64_t, BlockKey>> nvme_by_use;  // every tier-2 entry: (next_use, key)
   TierStoreStats counters;       // the event counters only
 };
 
@@ -567,6 +611,7 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
       found = s.nvme->get(key, data);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kIo) {  // corrupt: NvmeTier erased it
+        s.forget_nvme_entry(key, entry);
         s.index.erase(it);
         ++s.counters.misses;
         s.update_gauges();
@@ -574,6 +619,7 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
       throw;
     }
     if (!found || data.empty()) {
+      s.forget_nvme_entry(key, entry);
       s.index.erase(it);
       ++s.counters.misses;
       s.update_gauges();
@@ -581,6 +627,7 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
     }
     const uint64_t checksum = block_checksum(data);
     if (entry.checksum_known && checksum != entry.checksum) {
+      s.forget_nvme_entry(key, entry);
       s.index.erase(it);
       s.nvme->erase(key);
       ++s.counters.misses;
@@ -610,6 +657,7 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
       s.m.to_host_seconds->observe(seconds_since(start));
     }
     s.host_blocks.emplace(entry.page, Impl::HostBlock{key, offset, data.size(), checksum, 0, false, false});
+    s.forget_nvme_entry(key, entry);
     entry.tier = Tier::kHost;
     entry.checksum = checksum;
     entry.checksum_known = true;
@@ -686,6 +734,7 @@ std::pair<size_t, bool> TierStore::drop_range(uint64_t model_fingerprint, std::o
   auto it = s.index.lower_bound(BlockKey{model_fingerprint, sequence.value_or(0), 0, 0, 0, 0});
   while (dropped < limit && it != s.index.end() && in_range(it->first)) {
     if (it->second.tier == Tier::kHost) s.retire_host_block(it->second.page);
+    s.forget_nvme_entry(it->first, it->second);
     it = s.index.erase(it);
     ++dropped;
   }

@@ -68,6 +68,7 @@ struct TierStoreStats {
   size_t zombie_blocks = 0;           // dropped but still leased
   uint64_t puts = 0, gets = 0, host_hits = 0, nvme_hits = 0, misses = 0;
   uint64_t nvme_admitted = 0, nvme_rejected = 0, dropped_victims = 0;
+  uint64_t nvme_evicted = 0;  // tier-2 blocks erased to make room for an admitted victim
 };
 
 class TierStore;

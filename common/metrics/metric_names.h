@@ -160,7 +160,8 @@ inline constexpr MetricDef kKvstoreRequests{
     "kvstore requests, by operation (endpoint: put, get, drop, drop_sequence, stats) and outcome code.", kRequestLabels, no_buckets()};
 inline constexpr MetricDef kKvstoreNvmeAdmissions{
     "lazykv_kvstore_nvme_admissions_total", MetricType::kCounter,
-    "Blocks leaving the host tier, by decision (admitted to nvme, or rejected by the admission rule).", kTypeLabel,
+    "Blocks leaving the host tier, by decision (admitted to nvme, or rejected by the admission rule), and nvme "
+    "blocks evicted to make room for admitted ones.", kTypeLabel,
     no_buckets()};
 inline constexpr MetricDef kTransportInfo{
     "lazykv_transport_info", MetricType::kGauge,

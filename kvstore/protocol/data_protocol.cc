@@ -84,6 +84,7 @@ void to_proto(const TierStoreStats& s, ::lazykv::kvstore::v1::StatsReply* out) {
   out->set_nvme_admitted(s.nvme_admitted);
   out->set_nvme_rejected(s.nvme_rejected);
   out->set_dropped_victims(s.dropped_victims);
+  out->set_nvme_evicted(s.nvme_evicted);
 }
 
 TierStoreStats from_proto(const ::lazykv::kvstore::v1::StatsReply& r) {
@@ -105,6 +106,7 @@ TierStoreStats from_proto(const ::lazykv::kvstore::v1::StatsReply& r) {
   s.nvme_admitted = r.nvme_admitted();
   s.nvme_rejected = r.nvme_rejected();
   s.dropped_victims = r.dropped_victims();
+  s.nvme_evicted = r.nvme_evicted();
   return s;
 }
 

@@ -245,18 +245,65 @@ TEST(TierStore, AdmissionRuleSendsNearVictimsToTier2AndDropsFarOnes) {
   EXPECT_EQ(store.stats().nvme_hits, 1u);
 }
 
-TEST(TierStore, FullTier2DropsTheVictim) {
+TEST(TierStore, AFullTier2RejectsAVictimNeededLaterThanEveryBlockItHolds) {
   TempDir dir;
   TierStoreOptions options = with_nvme(1, dir);
   options.nvme_capacity_bytes = kUnit;  // one block
   TierStore store(options);
-  for (uint32_t i = 0; i < 3; ++i) put(store, key_of(1, i), payload(key_of(1, i), 1));
+  put(store, key_of(1, 0), payload(key_of(1, 0), 1), in_steps(50));
+  put(store, key_of(1, 1), payload(key_of(1, 1), 1), in_steps(90));  // 0 goes to tier 2
+  put(store, key_of(1, 2), payload(key_of(1, 2), 1), in_steps(90));  // 1 is needed after 0: dropped
   const TierStoreStats stats = store.stats();
   EXPECT_EQ(stats.nvme_admitted, 1u);
   EXPECT_EQ(stats.nvme_rejected, 1u);
   EXPECT_EQ(stats.dropped_victims, 1u);
+  EXPECT_EQ(stats.nvme_evicted, 0u);
   EXPECT_EQ(read(store, key_of(1, 0)), payload(key_of(1, 0), 1));  // in tier 2
   expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(1, 1), {}); });
+}
+
+TEST(TierStore, BlocksRecoveredFromTier2GiveWayToNewVictims) {
+  TempDir dir;
+  TierStoreOptions options = with_nvme(1, dir);
+  options.nvme_capacity_bytes = kUnit;  // one block
+  {
+    TierStore store(options);
+    put(store, key_of(1, 0), payload(key_of(1, 0), 1), in_steps(10));
+    put(store, key_of(1, 1), payload(key_of(1, 1), 1), in_steps(10));  // 0 goes to tier 2
+  }
+  TierStore store(options);  // 0 recovered, its next use unknown
+  put(store, key_of(1, 2), payload(key_of(1, 2), 1), in_steps(10));
+  put(store, key_of(1, 3), payload(key_of(1, 3), 1), in_steps(10));  // 2 takes 0's place
+  const TierStoreStats stats = store.stats();
+  EXPECT_EQ(stats.nvme_evicted, 1u);
+  EXPECT_EQ(stats.nvme_admitted, 1u);
+  expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(1, 0), {}); });
+  EXPECT_EQ(read(store, key_of(1, 2)), payload(key_of(1, 2), 1));
+}
+
+TEST(TierStore, AFullTier2EvictsTheFurthestThenTheOverdueForNearerVictims) {
+  TempDir dir;
+  TierStoreOptions options = with_nvme(1, dir);
+  options.nvme_capacity_bytes = kUnit;  // one block
+  TierStore store(options);
+  put(store, key_of(1, 0), payload(key_of(1, 0), 1), in_steps(1000));
+  put(store, key_of(1, 1), payload(key_of(1, 1), 1), in_steps(10));    // 0 goes to tier 2
+  put(store, key_of(1, 2), payload(key_of(1, 2), 1), in_steps(3000));  // 1, needed sooner, replaces 0 there
+  TierStoreStats stats = store.stats();
+  EXPECT_EQ(stats.nvme_admitted, 2u);
+  EXPECT_EQ(stats.nvme_evicted, 1u);
+  EXPECT_EQ(stats.nvme_rejected, 0u);
+  EXPECT_EQ(stats.nvme_blocks, 1u);
+  expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(1, 0), {}); });
+  // The clock (one per request here) passes 1's predicted use without a read of it.
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(read(store, key_of(1, 2), in_steps(3000)), payload(key_of(1, 2), 1));
+  put(store, key_of(1, 3), payload(key_of(1, 3), 1), in_steps(1));  // 2, needed after 1 was, replaces it
+  stats = store.stats();
+  EXPECT_EQ(stats.nvme_admitted, 3u);
+  EXPECT_EQ(stats.nvme_evicted, 2u);
+  EXPECT_EQ(stats.nvme_used_bytes, kUnit);
+  expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(1, 1), {}); });
+  EXPECT_EQ(read(store, key_of(1, 2)), payload(key_of(1, 2), 1));  // from tier 2
 }
 
 TEST(TierStore, LeasedBlocksAreNeverEvicted) {
