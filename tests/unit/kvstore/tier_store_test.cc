@@ -245,14 +245,22 @@ TEST(TierStore, AdmissionRuleSendsNearVictimsToTier2AndDropsFarOnes) {
   EXPECT_EQ(store.stats().nvme_hits, 1u);
 }
 
+// One block in each tier; block i of sequence 1, version 1, put with a hint.
+TierStoreOptions one_block_each(const TempDir& dir) {
+  TierStoreOptions options = with_nvme(1, dir);
+  options.nvme_capacity_bytes = kUnit;
+  return options;
+}
+void put_block(TierStore& store, uint32_t i, uint64_t steps) {
+  put(store, key_of(1, i), payload(key_of(1, i), 1), in_steps(steps));
+}
+
 TEST(TierStore, AFullTier2RejectsAVictimNeededLaterThanEveryBlockItHolds) {
   TempDir dir;
-  TierStoreOptions options = with_nvme(1, dir);
-  options.nvme_capacity_bytes = kUnit;  // one block
-  TierStore store(options);
-  put(store, key_of(1, 0), payload(key_of(1, 0), 1), in_steps(50));
-  put(store, key_of(1, 1), payload(key_of(1, 1), 1), in_steps(90));  // 0 goes to tier 2
-  put(store, key_of(1, 2), payload(key_of(1, 2), 1), in_steps(90));  // 1 is needed after 0: dropped
+  TierStore store(one_block_each(dir));
+  put_block(store, 0, 50);
+  put_block(store, 1, 90);  // 0 goes to tier 2
+  put_block(store, 2, 90);  // 1 is needed after 0: dropped
   const TierStoreStats stats = store.stats();
   EXPECT_EQ(stats.nvme_admitted, 1u);
   EXPECT_EQ(stats.nvme_rejected, 1u);
@@ -264,16 +272,14 @@ TEST(TierStore, AFullTier2RejectsAVictimNeededLaterThanEveryBlockItHolds) {
 
 TEST(TierStore, BlocksRecoveredFromTier2GiveWayToNewVictims) {
   TempDir dir;
-  TierStoreOptions options = with_nvme(1, dir);
-  options.nvme_capacity_bytes = kUnit;  // one block
   {
-    TierStore store(options);
-    put(store, key_of(1, 0), payload(key_of(1, 0), 1), in_steps(10));
-    put(store, key_of(1, 1), payload(key_of(1, 1), 1), in_steps(10));  // 0 goes to tier 2
+    TierStore store(one_block_each(dir));
+    put_block(store, 0, 10);
+    put_block(store, 1, 10);  // 0 goes to tier 2
   }
-  TierStore store(options);  // 0 recovered, its next use unknown
-  put(store, key_of(1, 2), payload(key_of(1, 2), 1), in_steps(10));
-  put(store, key_of(1, 3), payload(key_of(1, 3), 1), in_steps(10));  // 2 takes 0's place
+  TierStore store(one_block_each(dir));  // 0 recovered, its next use unknown
+  put_block(store, 2, 10);
+  put_block(store, 3, 10);  // 2 takes 0's place
   const TierStoreStats stats = store.stats();
   EXPECT_EQ(stats.nvme_evicted, 1u);
   EXPECT_EQ(stats.nvme_admitted, 1u);
@@ -283,12 +289,10 @@ TEST(TierStore, BlocksRecoveredFromTier2GiveWayToNewVictims) {
 
 TEST(TierStore, AFullTier2EvictsTheFurthestThenTheOverdueForNearerVictims) {
   TempDir dir;
-  TierStoreOptions options = with_nvme(1, dir);
-  options.nvme_capacity_bytes = kUnit;  // one block
-  TierStore store(options);
-  put(store, key_of(1, 0), payload(key_of(1, 0), 1), in_steps(1000));
-  put(store, key_of(1, 1), payload(key_of(1, 1), 1), in_steps(10));    // 0 goes to tier 2
-  put(store, key_of(1, 2), payload(key_of(1, 2), 1), in_steps(3000));  // 1, needed sooner, replaces 0 there
+  TierStore store(one_block_each(dir));
+  put_block(store, 0, 1000);
+  put_block(store, 1, 10);    // 0 goes to tier 2
+  put_block(store, 2, 3000);  // 1, needed sooner, replaces 0 there
   TierStoreStats stats = store.stats();
   EXPECT_EQ(stats.nvme_admitted, 2u);
   EXPECT_EQ(stats.nvme_evicted, 1u);
@@ -297,7 +301,7 @@ TEST(TierStore, AFullTier2EvictsTheFurthestThenTheOverdueForNearerVictims) {
   expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(1, 0), {}); });
   // The clock (one per request here) passes 1's predicted use without a read of it.
   for (int i = 0; i < 20; ++i) EXPECT_EQ(read(store, key_of(1, 2), in_steps(3000)), payload(key_of(1, 2), 1));
-  put(store, key_of(1, 3), payload(key_of(1, 3), 1), in_steps(1));  // 2, needed after 1 was, replaces it
+  put_block(store, 3, 1);  // 2, needed after 1 was, replaces it
   stats = store.stats();
   EXPECT_EQ(stats.nvme_admitted, 3u);
   EXPECT_EQ(stats.nvme_evicted, 2u);
