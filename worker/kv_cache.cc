@@ -174,7 +174,7 @@ int32_t KvCache::load_page(std::span<const uint8_t> bytes) {
   int32_t page = -1;
   {
     std::lock_guard<std::mutex> lock(pool_mutex_);
-    if (config_.capacity_bytes != 0 && (pages_in_use_ + 1) * page_bytes_ > config_.capacity_bytes) return -1;
+    if (!within_capacity(1)) return -1;
     page = take_page_locked();
   }
   std::memcpy(page_keys(page), bytes.data(), bytes.size());
@@ -261,7 +261,7 @@ void KvCache::reserve(SeqId seq, int n_new) {
     if (pages > h.pages.size()) needed += pages - h.pages.size();
     if (n_new > 0 && shared_tail(h) >= 0) ++needed;  // its private copy
   }
-  if (config_.capacity_bytes != 0 && (pages_in_use_ + needed) * page_bytes_ > config_.capacity_bytes) {
+  if (!within_capacity(needed)) {
     throw Error(ErrorCode::kOutOfMemory,
                 "kv cache: " + std::to_string(needed * page_bytes_) + " more bytes needed, " +
                     std::to_string(config_.capacity_bytes - std::min(config_.capacity_bytes, pages_in_use_ * page_bytes_)) +
@@ -292,7 +292,7 @@ bool KvCache::reserve_head(SeqId seq, int layer, int kv_head, int n_new) {
   {
     // Check and take under one lock: heads reserving at once never overshoot.
     std::lock_guard<std::mutex> lock(pool_mutex_);
-    if (config_.capacity_bytes != 0 && (pages_in_use_ + needed) * page_bytes_ > config_.capacity_bytes) return false;
+    if (!within_capacity(needed)) return false;
     const size_t chunks_needed = needed > free_pages_.size()
                                      ? (needed - free_pages_.size() + kPagesPerChunk - 1) / kPagesPerChunk
                                      : 0;

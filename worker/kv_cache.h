@@ -145,6 +145,11 @@ class KvCache {
   size_t capacity_bytes() const { return config_.capacity_bytes; }
 
  private:
+  // Whether `pages` more pages stay within capacity_bytes (pool_mutex_ held,
+  // or the step thread alone).
+  bool within_capacity(size_t pages) const {
+    return config_.capacity_bytes == 0 || (pages_in_use_ + pages) * page_bytes_ <= config_.capacity_bytes;
+  }
   struct HeadTable {
     std::vector<int32_t> pages;   // page ids, in slot order
     std::vector<const uint16_t*> key_ptrs;

@@ -56,15 +56,10 @@ int32_t PrefixCache::lookup(std::span<const int32_t> prompt, int32_t max_tokens,
     e.used = ++tick_;
     for (size_t h = 0; h < heads_; ++h) pages[h].push_back(e.pages[h]);
   };
-  uint64_t parent = fingerprint_;
-  int32_t found = 0;
-  while (found + block_tokens_ <= limit) {
-    uint64_t key = 0;
-    if (find(parent, prompt.subspan(size_t(found), size_t(block_tokens_)), key) == nullptr) break;
-    take(key);
-    parent = key;
-    found += block_tokens_;
-  }
+  const std::vector<uint64_t> chain = stored_chain(prompt, limit / block_tokens_);
+  for (const uint64_t key : chain) take(key);
+  const uint64_t parent = chain.empty() ? fingerprint_ : chain.back();
+  const int32_t found = int32_t(chain.size()) * block_tokens_;
   // Then the longest common start of whatever was stored after them.
   const auto rest = prompt.subspan(size_t(found), size_t(std::min(limit - found, block_tokens_)));
   const auto next = next_.find(parent);
@@ -155,29 +150,35 @@ std::vector<uint64_t> PrefixCache::block_keys(std::span<const int32_t> tokens, i
   return keys;
 }
 
-int32_t PrefixCache::stored_blocks(std::span<const int32_t> tokens, int32_t max_blocks) const {
+std::vector<uint64_t> PrefixCache::stored_chain(std::span<const int32_t> tokens, int32_t max_blocks) const {
+  std::vector<uint64_t> chain;
   uint64_t parent = fingerprint_;
-  int32_t b = 0;
-  for (; b < max_blocks && size_t(b + 1) * size_t(block_tokens_) <= tokens.size(); ++b) {
+  for (int32_t b = 0; b < max_blocks && size_t(b + 1) * size_t(block_tokens_) <= tokens.size(); ++b) {
     uint64_t key = 0;
     if (find(parent, tokens.subspan(size_t(b) * size_t(block_tokens_), size_t(block_tokens_)), key) == nullptr) break;
+    chain.push_back(key);
     parent = key;
   }
-  return b;
+  return chain;
 }
 
-bool PrefixCache::insert(std::span<const int32_t> tokens, int32_t index, std::span<const int32_t> pages) {
-  if (pages.size() != heads_ || index < 0 || size_t(index + 1) * size_t(block_tokens_) > tokens.size() ||
-      stored_blocks(tokens, index) != index) {
+int32_t PrefixCache::stored_blocks(std::span<const int32_t> tokens, int32_t max_blocks, uint64_t* last_key) const {
+  const std::vector<uint64_t> chain = stored_chain(tokens, max_blocks);
+  if (last_key != nullptr) *last_key = chain.empty() ? fingerprint_ : chain.back();
+  return int32_t(chain.size());
+}
+
+std::optional<uint64_t> PrefixCache::insert(uint64_t parent, std::span<const int32_t> block,
+                                            std::span<const int32_t> pages) {
+  if (pages.size() != heads_ || block.size() != size_t(block_tokens_) ||
+      (parent != fingerprint_ && entries_.count(parent) == 0)) {
     throw Error(ErrorCode::kInvalidArgument, "prefix cache: insert of a block whose chain is not stored");
   }
-  const uint64_t parent = index == 0 ? fingerprint_ : block_keys(tokens, index).back();
-  const auto block = tokens.subspan(size_t(index) * size_t(block_tokens_), size_t(block_tokens_));
   uint64_t key = 0;
-  if (find(parent, block, key) != nullptr || entries_.count(key) != 0 || !make_room(parent)) return false;
+  if (find(parent, block, key) != nullptr || entries_.count(key) != 0 || !make_room(parent)) return std::nullopt;
   add(key, Entry{parent, std::vector<int32_t>(block.begin(), block.end()),
                  std::vector<int32_t>(pages.begin(), pages.end()), ++tick_});
-  return true;
+  return key;
 }
 
 size_t PrefixCache::drop(uint64_t key) {
@@ -234,10 +235,10 @@ size_t PrefixCache::reclaimable_pages() const {
   return n;
 }
 
-size_t PrefixCache::reclaim(size_t pages) {
+size_t PrefixCache::reclaim(size_t pages, std::optional<uint64_t> keep) {
   size_t freed = 0;
   while (freed < pages) {
-    const std::optional<uint64_t> victim = lru_leaf(std::nullopt, true);
+    const std::optional<uint64_t> victim = lru_leaf(keep, true);
     if (!victim) break;
     freed += drop(*victim);
   }

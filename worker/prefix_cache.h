@@ -63,18 +63,21 @@ class PrefixCache {
   // --- whole blocks from elsewhere (a tier: PrefixTier) ---
   // The chain keys of the first n_blocks whole blocks of `tokens`.
   std::vector<uint64_t> block_keys(std::span<const int32_t> tokens, int32_t n_blocks) const;
-  // How many whole blocks at the start of `tokens` (at most max_blocks) are stored.
-  int32_t stored_blocks(std::span<const int32_t> tokens, int32_t max_blocks) const;
-  // Stores whole block `index` of `tokens` (blocks 0 .. index - 1 must be
-  // stored) from `pages`, one per (layer, KV head), whose references the
-  // caller hands over. Returns false, taking none of them, when the block is
-  // there already or there is no room.
-  bool insert(std::span<const int32_t> tokens, int32_t index, std::span<const int32_t> pages);
+  // How many whole blocks at the start of `tokens` (at most max_blocks) are
+  // stored; `last_key`, when given, receives the last one's key (the chain's
+  // root with none), the parent of the block after them.
+  int32_t stored_blocks(std::span<const int32_t> tokens, int32_t max_blocks, uint64_t* last_key = nullptr) const;
+  // Stores a whole block after `parent` (a key stored_blocks or insert gave,
+  // so the chain before it was compared token by token) from `pages`, one per
+  // (layer, KV head), whose references the caller hands over. Returns its
+  // key, the parent of the next block; nullopt, taking none of the pages,
+  // when the block is there already or there is no room.
+  std::optional<uint64_t> insert(uint64_t parent, std::span<const int32_t> block, std::span<const int32_t> pages);
 
-  // Drops least recently used leaf blocks no sequence shares until `pages`
-  // pages went back to the pool or no such block is left. Returns the pages
-  // that went back.
-  size_t reclaim(size_t pages);
+  // Drops least recently used leaf blocks no sequence shares, never `keep`,
+  // until `pages` pages went back to the pool or no such block is left.
+  // Returns the pages that went back.
+  size_t reclaim(size_t pages, std::optional<uint64_t> keep = std::nullopt);
 
   size_t pages_held() const { return pages_held_; }
   // Of pages_held(), those no sequence shares (reclaim could free them).
@@ -89,6 +92,9 @@ class PrefixCache {
     uint64_t used = 0;             // tick of the last lookup or publish
   };
   uint64_t key_of(uint64_t parent, std::span<const int32_t> tokens) const;
+  // The keys of the stored whole blocks at the start of `tokens`, at most
+  // max_blocks, each found by its parent and compared token by token.
+  std::vector<uint64_t> stored_chain(std::span<const int32_t> tokens, int32_t max_blocks) const;
   const Entry* find(uint64_t parent, std::span<const int32_t> tokens, uint64_t& key) const;
   // Marks used, and returns true, a block or tail stored after `parent` that
   // starts with `tail` (a sequence that adopted part of it and wrote nothing

@@ -55,15 +55,16 @@ void PrefixTier::put(std::span<const PrefixCache::NewBlock> blocks, std::span<co
 
 int32_t PrefixTier::fetch(std::span<const int32_t> prompt, int32_t max_tokens) {
   const int32_t wanted = std::min<int32_t>(max_tokens, int32_t(prompt.size())) / int32_t(block_tokens_);
-  const int32_t held = prefix_.stored_blocks(prompt, wanted);
+  uint64_t parent = 0;
+  const int32_t held = prefix_.stored_blocks(prompt, wanted, &parent);
   if (held >= wanted || !mover_->available()) return 0;
   const auto start = std::chrono::steady_clock::now();
-  const int32_t blocks = fetch_blocks(prompt, held, wanted);
+  const int32_t blocks = fetch_blocks(prompt, held, wanted, parent);
   fetch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return blocks * int32_t(block_tokens_);
 }
 
-int32_t PrefixTier::fetch_blocks(std::span<const int32_t> prompt, int32_t held, int32_t wanted) {
+int32_t PrefixTier::fetch_blocks(std::span<const int32_t> prompt, int32_t held, int32_t wanted, uint64_t parent) {
   const auto deadline = std::chrono::steady_clock::now() + kFetchDeadline;
   const std::vector<uint64_t> keys = prefix_.block_keys(prompt, wanted);
   std::deque<std::shared_ptr<Fetch>> queued;
@@ -77,10 +78,11 @@ int32_t PrefixTier::fetch_blocks(std::span<const int32_t> prompt, int32_t held, 
     const std::shared_ptr<Fetch> fetch = std::move(queued.front());
     queued.pop_front();
     if (!fetch->wait_until(deadline)) break;
-    if (!load_block(*fetch, prompt.subspan(size_t(index) * block_tokens_, block_tokens_), pages)) break;
-    bool stored = false;
+    const auto block = prompt.subspan(size_t(index) * block_tokens_, block_tokens_);
+    if (!load_block(*fetch, block, parent, pages)) break;
+    std::optional<uint64_t> stored;
     try {
-      stored = prefix_.insert(prompt, index, pages);
+      stored = prefix_.insert(parent, block, pages);
     } catch (...) {
       cache_.release_pages(pages);
       throw;
@@ -89,12 +91,14 @@ int32_t PrefixTier::fetch_blocks(std::span<const int32_t> prompt, int32_t held, 
       cache_.release_pages(pages);
       break;
     }
+    parent = *stored;
     fetched_bytes_ += block_bytes();
   }
   return index - held;
 }
 
-bool PrefixTier::load_block(Fetch& fetch, std::span<const int32_t> block_tokens, std::vector<int32_t>& pages) {
+bool PrefixTier::load_block(Fetch& fetch, std::span<const int32_t> block_tokens, uint64_t parent,
+                            std::vector<int32_t>& pages) {
   const size_t token_bytes = block_tokens_ * sizeof(int32_t);
   pages.clear();
   if (fetch.state() != Fetch::State::kDone || fetch.bytes().size() != block_bytes() ||
@@ -102,12 +106,17 @@ bool PrefixTier::load_block(Fetch& fetch, std::span<const int32_t> block_tokens,
     return false;
   }
   pages.reserve(heads_);
-  for (size_t h = 0; h < heads_; ++h) {
-    int32_t page = -1;
+  const auto load = [&](size_t h) {
     try {
-      page = cache_.load_page(std::span(fetch.bytes()).subspan(token_bytes + h * cache_.page_bytes(), cache_.page_bytes()));
+      return cache_.load_page(std::span(fetch.bytes()).subspan(token_bytes + h * cache_.page_bytes(), cache_.page_bytes()));
     } catch (const std::exception&) {  // the pool cannot grow: as no room
+      return -1;
     }
+  };
+  for (size_t h = 0; h < heads_; ++h) {
+    int32_t page = load(h);
+    // A full cache: older prompts the prefix cache keeps make room, as they would for a sequence.
+    if (page < 0 && prefix_.reclaim(heads_ - h, parent) > 0) page = load(h);
     if (page < 0) {
       cache_.release_pages(pages);
       pages.clear();

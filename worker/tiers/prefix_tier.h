@@ -56,11 +56,12 @@ class PrefixTier {
  private:
   // Fetches blocks held .. wanted - 1 (all that follow the stored ones);
   // returns how many arrived, in order, into the prefix cache.
-  int32_t fetch_blocks(std::span<const int32_t> prompt, int32_t held, int32_t wanted);
+  int32_t fetch_blocks(std::span<const int32_t> prompt, int32_t held, int32_t wanted, uint64_t parent);
   // The pages of a fetched block (no longer pending), checked against the
   // prompt's tokens; false (no page taken) when it failed, does not match or
-  // does not fit.
-  bool load_block(Fetch& fetch, std::span<const int32_t> block_tokens, std::vector<int32_t>& pages);
+  // does not fit, even after the prefix cache gave back unshared blocks
+  // other than `parent` (the chain it extends).
+  bool load_block(Fetch& fetch, std::span<const int32_t> block_tokens, uint64_t parent, std::vector<int32_t>& pages);
 
   KvCache& cache_;
   PrefixCache& prefix_;

@@ -195,6 +195,18 @@ TEST(PrefixTier, NoRoomInTheCacheOrNoTiersMeansComputing) {
   EXPECT_EQ(small.tier.fetch(kPrompt, 40), 4);
   EXPECT_EQ(small.cache.bytes_used(), kHeads * small.cache.page_bytes());
 
+  // Full of an older prompt the prefix cache keeps: it gives it back for the fetched one.
+  Worker full(mover, 8 * first.cache.page_bytes());
+  const std::vector<int32_t> older = {50, 51, 52, 53};
+  full.prefill(older);
+  full.publish_and_put(older, 4);
+  full.cache.remove_sequence(1);
+  std::vector<std::vector<int32_t>> pages;
+  EXPECT_EQ(full.tier.fetch(kPrompt, 40), 8);
+  EXPECT_EQ(full.prefix.lookup(older, 4, pages), 0) << "the older prompt made room";
+  EXPECT_EQ(full.prefix.lookup(kPrompt, 40, pages), 8);
+  EXPECT_EQ(full.cache.bytes_used(), 2 * kHeads * full.cache.page_bytes());
+
   const auto off = std::make_shared<TierMover>(nullptr, 0, "no kvstore");
   Worker unplugged(off);
   unplugged.prefill_and_put(kPrompt);  // puts nothing, fails nothing

@@ -197,16 +197,22 @@ TEST(PrefixCache, BlocksFromElsewhereAreInsertedAfterTheirChain) {
     }
     return pages;
   };
+  const auto block_tokens = [&](int32_t block) { return std::span(kPrompt).subspan(size_t(block) * 4, 4); };
+  uint64_t root = 0;
+  EXPECT_EQ(fetched.stored_blocks(kPrompt, 2, &root), 0);
   const std::vector<int32_t> block1 = load(1);
-  EXPECT_THROW(fetched.insert(kPrompt, 1, block1), Error);  // block 0 is not there
+  EXPECT_THROW(fetched.insert(keys[0], block_tokens(1), block1), Error);  // block 0 is not there
   const std::vector<int32_t> block0 = load(0);
-  EXPECT_TRUE(fetched.insert(kPrompt, 0, block0));
-  EXPECT_TRUE(fetched.insert(kPrompt, 1, block1));
+  EXPECT_EQ(fetched.insert(root, block_tokens(0), block0), keys[0]);
+  EXPECT_EQ(fetched.insert(keys[0], block_tokens(1), block1), keys[1]);
   const std::vector<int32_t> again = load(1);
-  EXPECT_FALSE(fetched.insert(kPrompt, 1, again));  // there already: the caller keeps its references
+  // There already: the caller keeps its references.
+  EXPECT_EQ(fetched.insert(keys[0], block_tokens(1), again), std::nullopt);
   other.release_pages(again);
   EXPECT_EQ(other.bytes_used(), 8 * other.page_bytes());
-  EXPECT_EQ(fetched.stored_blocks(kPrompt, 5), 2);
+  uint64_t last = 0;
+  EXPECT_EQ(fetched.stored_blocks(kPrompt, 5, &last), 2);
+  EXPECT_EQ(last, keys[1]);
   std::vector<std::vector<int32_t>> pages;
   EXPECT_EQ(fetched.lookup(kPrompt, 40, pages), 8);
   other.add_sequence(2);
