@@ -94,7 +94,9 @@ int32_t PrefixCache::publish(SeqId seq, std::span<const int32_t> tokens, int32_t
     const auto block = tokens.subspan(size_t(stored), size_t(len));
     uint64_t key = 0;
     if (find(parent, block, key) != nullptr) {
-      entries_[key].used = ++tick_;
+      Entry& e = entries_[key];
+      e.used = ++tick_;
+      if (added != nullptr && len == block_tokens_ && !e.exported) added->push_back(NewBlock{key, stored, e.pages});
       parent = key;
       stored += len;
       continue;
@@ -177,7 +179,7 @@ std::optional<uint64_t> PrefixCache::insert(uint64_t parent, std::span<const int
   uint64_t key = 0;
   if (find(parent, block, key) != nullptr || entries_.count(key) != 0 || !make_room(parent)) return std::nullopt;
   add(key, Entry{parent, std::vector<int32_t>(block.begin(), block.end()),
-                 std::vector<int32_t>(pages.begin(), pages.end()), ++tick_});
+                 std::vector<int32_t>(pages.begin(), pages.end()), ++tick_, /*exported=*/true});
   return key;
 }
 
@@ -233,6 +235,10 @@ size_t PrefixCache::reclaimable_pages() const {
     for (const int32_t p : e.pages) n += cache_.page_references(p) == 1 ? 1 : 0;
   }
   return n;
+}
+
+void PrefixCache::mark_exported(uint64_t key) {
+  if (const auto it = entries_.find(key); it != entries_.end()) it->second.exported = true;
 }
 
 size_t PrefixCache::reclaim(size_t pages, std::optional<uint64_t> keep) {

@@ -42,7 +42,7 @@ class PrefixCache {
   // multiple of the block. Marks them used.
   int32_t lookup(std::span<const int32_t> prompt, int32_t max_tokens, std::vector<std::vector<int32_t>>& pages);
 
-  // A whole block publish() stored that was not stored before.
+  // A whole block publish() stored, or found stored but not yet exported.
   struct NewBlock {
     uint64_t key = 0;
     int32_t first = 0;           // position of its first token
@@ -56,11 +56,14 @@ class PrefixCache {
   // there. Publish a tail only once the sequence writes no more to that
   // page (at its end). Blocks stored already are kept (and marked used).
   // Returns the tokens the cache holds for the start of `tokens`; `added`,
-  // when given, receives the whole blocks stored by this call.
+  // when given, receives the whole blocks stored by this call and those
+  // stored before that no mark_exported() has marked (a tier refused them).
   int32_t publish(SeqId seq, std::span<const int32_t> tokens, int32_t n_tokens,
                   std::vector<NewBlock>* added = nullptr);
 
-  // --- whole blocks from elsewhere (a tier: PrefixTier) ---
+  // --- whole blocks to and from elsewhere (a tier: PrefixTier) ---
+  // The block is in the tiers: publish() no longer reports it.
+  void mark_exported(uint64_t key);
   // The chain keys of the first n_blocks whole blocks of `tokens`.
   std::vector<uint64_t> block_keys(std::span<const int32_t> tokens, int32_t n_blocks) const;
   // How many whole blocks at the start of `tokens` (at most max_blocks) are
@@ -90,6 +93,7 @@ class PrefixCache {
     std::vector<int32_t> tokens;   // page_slots token ids, fewer in a tail
     std::vector<int32_t> pages;    // [layer * n_head_kv + kv_head]
     uint64_t used = 0;             // tick of the last lookup or publish
+    bool exported = false;         // in the tiers (put there, or fetched from there)
   };
   uint64_t key_of(uint64_t parent, std::span<const int32_t> tokens) const;
   // The keys of the stored whole blocks at the start of `tokens`, at most

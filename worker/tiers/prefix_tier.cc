@@ -40,6 +40,7 @@ kvstore::BlockKey PrefixTier::block_key(uint64_t chain_key, int32_t index) const
 }
 
 void PrefixTier::put(std::span<const PrefixCache::NewBlock> blocks, std::span<const int32_t> tokens) {
+  if (!mover_->available()) return;  // off for good: no copy to refuse
   const size_t token_bytes = block_tokens_ * sizeof(int32_t);
   for (const PrefixCache::NewBlock& b : blocks) {
     std::vector<uint8_t> bytes(block_bytes());
@@ -49,7 +50,9 @@ void PrefixTier::put(std::span<const PrefixCache::NewBlock> blocks, std::span<co
                   cache_.page_bytes());
     }
     const int32_t index = b.first / int32_t(block_tokens_);
+    // Refused (the queue is full): the next publish of the prompt offers it again.
     if (!mover_->put(block_key(b.key, index), std::move(bytes), {kPromptBlockReuseSteps, /*shared=*/true})) return;
+    prefix_.mark_exported(b.key);
   }
 }
 

@@ -35,8 +35,10 @@ class PrefixTier {
   PrefixTier(KvCache& cache, PrefixCache& prefix, uint64_t fingerprint, uint32_t first_kv_head,
              std::shared_ptr<TierMover> mover);
 
-  // Puts the blocks that publish() just stored (blocks of `tokens`).
-  // Queued: the mover refuses what does not fit its queue, and nothing waits.
+  // Puts the blocks that publish() reported (blocks of `tokens`), marking
+  // them exported. Queued: the mover refuses what does not fit its queue,
+  // and nothing waits; a refused block is reported again at the prompt's
+  // next publish.
   void put(std::span<const PrefixCache::NewBlock> blocks, std::span<const int32_t> tokens);
   // Fetches, block by block, the whole blocks of `prompt` (within the first
   // max_tokens) that follow those the prefix cache holds, into it. Returns

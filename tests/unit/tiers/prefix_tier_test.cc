@@ -27,11 +27,11 @@ constexpr uint64_t kFingerprint = 42;
 constexpr size_t kHeads = 4;  // layers x KV heads: pages per block
 const std::vector<int32_t> kPrompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 whole blocks and 2 tokens
 
-std::shared_ptr<TierMover> in_process_tiers() {
+std::shared_ptr<TierMover> in_process_tiers(uint64_t max_queued_bytes = 256ull << 20) {
   kvstore::TierStoreOptions options;
   options.host_capacity_bytes = 1 << 20;
   options.host_alloc_unit = 256;
-  return std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options));
+  return std::make_shared<TierMover>(std::make_unique<kvstore::LocalBlockStore>(options), max_queued_bytes);
 }
 
 // A KV cache with its prefix cache and tier, as one worker has them.
@@ -182,6 +182,24 @@ TEST(PrefixTier, ABlockFlippedInRocksDbIsDetectedAndComputedInstead) {
   Worker third(mover);
   EXPECT_EQ(third.tier.fetch(prompt, 40), 4);  // and stays a miss
   std::filesystem::remove_all(dir);
+}
+
+TEST(PrefixTier, ABlockTheMoverRefusedIsOfferedAgainAtThePromptsNextPublish) {
+  const auto mover = in_process_tiers();
+  Worker worker(mover);
+  const auto full = in_process_tiers(1);  // a queue no block fits
+  PrefixTier refusing(worker.cache, worker.prefix, kFingerprint, 0, full);
+  worker.prefill(kPrompt);
+  std::vector<PrefixCache::NewBlock> added;
+  worker.prefix.publish(1, kPrompt, 10, &added);
+  ASSERT_EQ(added.size(), 2u);
+  refusing.put(added, kPrompt);
+  EXPECT_EQ(full->stats().refused, 1u);  // the first refusal ends the put
+  // The same prompt again (a later sequence), through a mover with room.
+  EXPECT_EQ(worker.publish_and_put(kPrompt, 10), 2u);
+  mover->flush();
+  EXPECT_EQ(mover->store_stats().host_blocks, 2u);
+  EXPECT_EQ(worker.publish_and_put(kPrompt, 10), 0u) << "in the tiers now: not offered again";
 }
 
 TEST(PrefixTier, NoRoomInTheCacheOrNoTiersMeansComputing) {
