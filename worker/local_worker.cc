@@ -277,26 +277,25 @@ std::span<const float> LocalWorker::run_pass(std::span<const BatchItem> items) {
       // Only a bounded cache runs out of pages (otherwise it was device memory).
       if (e.code() != ErrorCode::kOutOfMemory || prefix_ == nullptr || cache_.capacity_bytes() == 0) throw;
       // Nothing was appended: give back about the pages the pass takes, then try again.
-      const KvCacheConfig& c = cache_.config();
       size_t wanted = 0;
-      for (const BatchItem& item : items) {
-        const size_t pages = (item.tokens.size() + size_t(c.page_slots) - 1) / size_t(c.page_slots) + 1;
-        wanted += pages * size_t(cache_.heads_per_layer(item.seq)) * size_t(c.n_layer);
-      }
+      for (const BatchItem& item : items) wanted += pages_for_slots(item.seq, item.tokens.size());
       if (prefix_->reclaim(wanted) == 0) throw;
     }
   }
 }
 
+size_t LocalWorker::pages_for_slots(SeqId seq, size_t slots) const {
+  const KvCacheConfig& c = cache_.config();
+  const size_t pages = (slots + size_t(c.page_slots) - 1) / size_t(c.page_slots) + 1;  // + a part-filled one
+  return pages * size_t(c.n_layer) * size_t(cache_.heads_per_layer(seq));
+}
+
 void LocalWorker::make_room_for_drafts(std::span<const DraftRequest> drafts) {
   if (cache_.capacity_bytes() == 0) return;
   // A copy of the policy's budget (its draft slots) and the draft tokens, in every head.
-  const KvCacheConfig& c = cache_.config();
   size_t wanted = 0;
   for (const DraftRequest& d : drafts) {
-    const int32_t slots = d.policy->config().budget() + d.policy->draft_wanted();
-    const size_t pages = size_t(slots + c.page_slots - 1) / size_t(c.page_slots) + 1;
-    wanted += pages * size_t(c.n_layer) * size_t(cache_.heads_per_layer(d.seq));
+    wanted += pages_for_slots(d.seq, size_t(d.policy->config().budget() + d.policy->draft_wanted()));
   }
   const size_t free = (cache_.capacity_bytes() - std::min(cache_.capacity_bytes(), cache_.bytes_used())) /
                       cache_.page_bytes();

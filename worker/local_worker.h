@@ -93,6 +93,8 @@ class LocalWorker final : public StepExecutor {
   // Gives back prefix-cache pages until the drafts' copies fit (run_drafts
   // does not reclaim: a draft that does not fit would just be shorter).
   void make_room_for_drafts(std::span<const DraftRequest> drafts);
+  // Pages `slots` more slots may take in every layer and cache head of `seq`.
+  size_t pages_for_slots(SeqId seq, size_t slots) const;
   // The pass, with the prefix cache's unshared pages given back to the pool
   // while the cache is too full for it. Error(kOutOfMemory) as ForwardBackend::run.
   std::span<const float> run_pass(std::span<const BatchItem> items);

@@ -20,7 +20,14 @@ bool contains(const std::vector<int>& values, int value) {
 
 ReplicaSet::ReplicaSet(std::vector<std::string> names, ReplicaSetOptions options)
     : options_(options), affinity_(options.affinity_capacity, options.affinity_ttl) {
-  for (std::string& name : names) replicas_.push_back({std::move(name), false, 0, 0, {}});
+  for (std::string& name : names) {
+    if (options_.metrics) {
+      metrics::Registry& m = *options_.metrics;
+      gauges_.push_back({&m.gauge(metrics::kRouterReplicaUp, {name}), &m.gauge(metrics::kRouterInFlight, {name}),
+                         &m.gauge(metrics::kRouterOutstandingTokens, {name})});
+    }
+    replicas_.push_back({std::move(name), false, 0, 0, {}});
+  }
   std::lock_guard lock(mutex_);
   for (int r = 0; r < size(); ++r) publish_locked(r);
 }
@@ -181,12 +188,12 @@ size_t ReplicaSet::waiting() const {
 }
 
 void ReplicaSet::publish_locked(int replica) {
-  if (!options_.metrics) return;
+  if (gauges_.empty()) return;
   const ReplicaState& s = replicas_[size_t(replica)];
-  metrics::Registry& m = *options_.metrics;
-  m.gauge(metrics::kRouterReplicaUp, {s.name}).set(s.up ? 1 : 0);
-  m.gauge(metrics::kRouterInFlight, {s.name}).set(s.in_flight);
-  m.gauge(metrics::kRouterOutstandingTokens, {s.name}).set(double(s.outstanding_tokens));
+  const ReplicaGauges& g = gauges_[size_t(replica)];
+  g.up->set(s.up ? 1 : 0);
+  g.in_flight->set(s.in_flight);
+  g.outstanding_tokens->set(double(s.outstanding_tokens));
 }
 
 }  // namespace lazykv::router

@@ -109,6 +109,11 @@ class ReplicaSet {
   void publish_locked(int replica);
 
   ReplicaSetOptions options_;
+  // Each replica's gauges, looked up once (none without options_.metrics).
+  struct ReplicaGauges {
+    metrics::Gauge *up, *in_flight, *outstanding_tokens;
+  };
+  std::vector<ReplicaGauges> gauges_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<ReplicaState> replicas_;
