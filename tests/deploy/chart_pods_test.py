@@ -65,6 +65,8 @@ VALUES = {
     "threads": 1, "kvCacheMiB": 64, "kvstore.hostCapacityMiB": 64,
 }
 REPLICA_VALUES = {"router.enabled": "true", "serve.replicas": 2, "threads": 1, "kvCacheMiB": 64, "prefixCacheMiB": 16}
+GROUP_VALUES = {"mode": "distributed", "router.enabled": "true", "coordinator.replicas": 2, "threads": 1,
+                "kvCacheMiB": 64}
 
 failures = 0
 
@@ -243,8 +245,7 @@ def distributed_scenario(pods, start, model_name):
     if not check(wait_ready(api, 180, coordinator.process), f"the coordinator is ready at {api}"):
         return
 
-    ask = {"model": model_name, "temperature": 0, "max_tokens": 12,
-           "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    ask = capital_question(model_name)
     status, body = http(api + "/v1/chat/completions", ask)
     check(status == 200 and "Paris" in body, f"a greedy chat completion through two ranks answers Paris: {body[:200]}")
 
@@ -269,21 +270,39 @@ def distributed_scenario(pods, start, model_name):
     check(exit_code(coordinator.process) == 0, "SIGTERM drains the coordinator, exit 0")
 
 
-def replicas_scenario(pods, start, model_name):
+def start_behind_router(pods, start, what):
+    """Starts every pod; the router's pod and API URL once it sees two replicas up (None if not ready)."""
     router = next(p for p in pods if p.name.endswith("-router-pod"))
-    servers = sorted((p for p in pods if p.workload["kind"] == "StatefulSet"), key=lambda p: p.ordinal)
     for p in pods:
         start(p)
     api = f"http://{router.ip}:{router.container['ports'][0]['containerPort']}"
     if not check(wait_ready(api, 180, router.process), f"the router is ready at {api}"):
-        return
-    check(replicas_up(api, [True, True], 180), "the router sees both serve pods up by their DNS names")
-    ask = {"model": model_name, "temperature": 0, "max_tokens": 12,
-           "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        return None, None
+    check(replicas_up(api, [True, True], 180), f"the router sees both {what} up by their DNS names")
+    return router, api
+
+
+def capital_question(model_name):
+    return {"model": model_name, "temperature": 0, "max_tokens": 12,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+
+
+def replicas_answering(api, ask, requests=4):
+    """The x-lazykv-replica of each answer that says Paris ("failed" for one that does not)."""
     served = set()
-    for _ in range(4):
+    for _ in range(requests):
         status, body, headers = http(api + "/v1/chat/completions", ask, with_headers=True)
         served.add(headers.get("x-lazykv-replica", "") if status == 200 and "Paris" in body else "failed")
+    return served
+
+
+def replicas_scenario(pods, start, model_name):
+    servers = sorted((p for p in pods if p.workload["kind"] == "StatefulSet"), key=lambda p: p.ordinal)
+    router, api = start_behind_router(pods, start, "serve pods")
+    if router is None:
+        return
+    ask = capital_question(model_name)
+    served = replicas_answering(api, ask)
     names = {f"{p.name}.{p.workload['spec']['serviceName']}:{p.container['ports'][0]['containerPort']}"
              for p in servers}
     check(served == names, f"requests through the router answer Paris from both serve pods ({sorted(served)})")
@@ -313,6 +332,26 @@ def replicas_scenario(pods, start, model_name):
     start(servers[1])
     check(replicas_up(api, [True, True], 180), "serve pod 1 started again from its spec: the router takes it back")
 
+    router.process.send_signal(signal.SIGTERM)
+    check(exit_code(router.process) == 0, "SIGTERM stops the router, exit 0")
+
+
+def groups_scenario(pods, start, model_name):
+    """Distributed replicas: two coordinators, each with its own worker, behind the router."""
+    worker1 = next(p for p in pods if p.name.endswith("-worker-1-0"))
+    router, api = start_behind_router(pods, start, "coordinators")
+    if router is None:
+        return
+    ask = capital_question(model_name)
+    served = replicas_answering(api, ask)
+    check(len(served) == 2 and all("-coordinator-" in s for s in served),
+          f"requests through the router answer Paris from both coordinators ({sorted(served)})")
+    worker1.process.kill()
+    worker1.process.wait()
+    check(replicas_up(api, [True, False], 30) and answers_paris(api, ask, 30),
+          "group 1's worker killed: its coordinator turns unready, the router marks it down and answers from group 0")
+    start(worker1)
+    check(replicas_up(api, [True, True], 180), "the worker started again from its spec: the router takes group 1 back")
     router.process.send_signal(signal.SIGTERM)
     check(exit_code(router.process) == 0, "SIGTERM stops the router, exit 0")
 
@@ -382,6 +421,7 @@ def main():
 
     run_pods(binary, model, VALUES, distributed_scenario)
     run_pods(binary, model, REPLICA_VALUES, replicas_scenario)
+    run_pods(binary, model, GROUP_VALUES, groups_scenario)
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 

@@ -226,7 +226,11 @@ def main():
         ({"model": "/models/r1.gguf"}, "mount the volume that holds it with modelVolume"),
         ({"extraEnv.LAZYKV_THREADS": 2}, "extraEnv.LAZYKV_THREADS: the chart sets it from its own value"),
         ({"extraEnv.LAZYKV_KV_BUDGET": 64}, "extraEnv.LAZYKV_KV_BUDGET: the chart sets it"),
-        ({"mode": "distributed", "router.enabled": "true"}, "router.enabled needs mode: serve"),
+        ({"mode": "distributed", "coordinator.replicas": 2}, "coordinator.replicas > 1 needs mode: distributed and router.enabled"),
+        ({"mode": "distributed", "router.enabled": "true", "coordinator.replicas": 1.5},
+         "coordinator.replicas must be a whole number >= 1"),
+        ({"mode": "distributed", "router.enabled": "true", "coordinator.replicas": 2, "fullnameOverride": "a" * 44},
+         "at most 52 fit"),
         ({"prefixCacheTiers": "true", "kvstore.enabled": "true"}, "prefixCacheTiers needs a prefix cache"),
         ({"prefixCacheTiers": "true", "prefixCacheMiB": 64}, "prefixCacheTiers needs a prefix cache (prefixCacheMiB > 0) and the kvstore"),
     ]:
@@ -406,6 +410,31 @@ def main():
                 for p in by_kind(dist, "NetworkPolicy")[f"{FULLNAME}-worker"]["spec"]["ingress"][0]["from"]}
     check(admitted == {"api", "worker", "kvstore"},
           "distributed: only the coordinator, the ranks and the kvstore reach a rank")
+
+    # Distributed replicas: a coordinator and its ranks per group, behind the routers.
+    groups = render({"mode": "distributed", "router.enabled": "true", "coordinator.replicas": 2,
+                     "worker.tensorParallel.world": 2, "kvstore.enabled": "true", "networkPolicy.enabled": "true"})
+    check_objects("groups", groups, binary)
+    deployments, sets, services = by_kind(groups, "Deployment"), by_kind(groups, "StatefulSet"), by_kind(groups, "Service")
+    check({f"{FULLNAME}-coordinator-0", f"{FULLNAME}-coordinator-1", f"{FULLNAME}-router"} <= deployments.keys()
+          and {f"{FULLNAME}-worker-0", f"{FULLNAME}-worker-1"} <= sets.keys(),
+          "groups: two coordinators, two StatefulSets of ranks and the routers")
+    for g in range(2):
+        c = pod_spec(deployments[f"{FULLNAME}-coordinator-{g}"])["containers"][0]
+        ranks = sets[f"{FULLNAME}-worker-{g}"]
+        listed = [c["args"][i + 1] for i, a in enumerate(c["args"]) if a == "--worker"]
+        expected = [f"{FULLNAME}-worker-{g}-{r}.{ranks['spec']['serviceName']}:7001" for r in range(2)]
+        check(listed == expected, f"groups: coordinator {g} lists its own ranks {expected}")
+        check(ranks["spec"]["replicas"] == 2 and services[ranks["spec"]["serviceName"]]["spec"]["clusterIP"] == "None",
+              f"groups: group {g} has two ranks behind a headless Service of its own")
+    r = pod_spec(deployments[f"{FULLNAME}-router"])["containers"][0]
+    listed = [r["args"][i + 1] for i, a in enumerate(r["args"]) if a == "--replica"]
+    check(listed == [f"{FULLNAME}-coordinator-{g}:8000" for g in range(2)] and
+          all(f"{FULLNAME}-coordinator-{g}" in services for g in range(2)),
+          f"groups: the router lists each coordinator's Service {listed}")
+    check(services[FULLNAME]["spec"]["selector"]["app.kubernetes.io/component"] == "router",
+          "groups: the API Service selects the routers")
+    check(len(by_kind(groups, "NetworkPolicy")) == 3, "groups: a NetworkPolicy per group's ranks, and the kvstore's")
 
     nccl = render({"mode": "distributed", "worker.tensorParallel.world": 2,
                    "worker.tensorParallel.collective": "nccl", "worker.gpusPerRank": 1,

@@ -27,11 +27,33 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
-{{/* Selector labels of one component: (dict "root" $ "component" "worker"). */}}
+{{/* Selector labels of one component: (dict "root" $ "component" "worker"),
+     with "group" G for one distributed replica's pods when there are several. */}}
 {{- define "lazykv.selectorLabels" -}}
 app.kubernetes.io/name: {{ .root.Chart.Name }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- if and (hasKey . "group") (include "lazykv.replicatedGroups" .root) }}
+lazykv.dev/group: {{ .group | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* "true" when distributed replicas run behind the router, each its own
+     coordinator and worker ranks. */}}
+{{- define "lazykv.replicatedGroups" -}}
+{{- if and (eq .Values.mode "distributed") .Values.router.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* How many coordinator groups: coordinator.replicas behind the router, else 1. */}}
+{{- define "lazykv.groups" -}}
+{{- ternary (int .Values.coordinator.replicas) 1 (eq (include "lazykv.replicatedGroups" .) "true") -}}
+{{- end -}}
+
+{{/* One group's object name: <name>-<component>, or <name>-<component>-G
+     behind the router: (dict "root" $ "component" "worker" "group" G). */}}
+{{- define "lazykv.groupName" -}}
+{{- $base := printf "%s-%s" (include "lazykv.fullname" .root) .component -}}
+{{- if include "lazykv.replicatedGroups" .root }}{{ printf "%s-%d" $base (int .group) }}{{ else }}{{ $base }}{{ end -}}
 {{- end -}}
 
 {{- define "lazykv.image" -}}
@@ -59,8 +81,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (eq .Values.mode "serve") (gt (int $tp.world) 1) -}}
 {{- fail "worker.tensorParallel.world > 1 needs mode: distributed (serve runs one process)" -}}
 {{- end -}}
-{{- if and .Values.router.enabled (ne .Values.mode "serve") -}}
-{{- fail "router.enabled needs mode: serve (the chart runs one coordinator group; replicas of groups are not in it yet)" -}}
+{{- $replicas := .Values.coordinator.replicas -}}
+{{- if or (not (or (kindIs "float64" $replicas) (kindIs "int64" $replicas) (kindIs "int" $replicas))) (lt (float64 $replicas) 1.0) (ne (float64 $replicas) (float64 (int $replicas))) -}}
+{{- fail (printf "coordinator.replicas must be a whole number >= 1, not %v" $replicas) -}}
+{{- end -}}
+{{- if and (gt (int $replicas) 1) (not (and (eq .Values.mode "distributed") .Values.router.enabled)) -}}
+{{- fail "coordinator.replicas > 1 needs mode: distributed and router.enabled (the router spreads requests over them)" -}}
+{{- end -}}
+{{- if include "lazykv.replicatedGroups" . -}}
+{{- $longest := include "lazykv.groupName" (dict "root" . "component" "worker" "group" (sub (int $replicas) 1)) -}}
+{{- if gt (len $longest) 52 -}}
+{{- fail (printf "the StatefulSet name %q has %d characters, at most 52 fit: set a shorter fullnameOverride" $longest (len $longest)) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.prefixCacheTiers (not (and .Values.kvstore.enabled (gt (float64 .Values.prefixCacheMiB) 0.0))) -}}
 {{- fail "prefixCacheTiers needs a prefix cache (prefixCacheMiB > 0) and the kvstore (kvstore.enabled)" -}}
@@ -196,7 +228,7 @@ startupProbe:
 
 {{/* The component the API Service selects: the router when there is one. */}}
 {{- define "lazykv.apiComponent" -}}
-{{- ternary "router" "api" (and (eq .Values.mode "serve") .Values.router.enabled) -}}
+{{- ternary "router" "api" .Values.router.enabled -}}
 {{- end -}}
 
 {{- define "lazykv.scrapeAnnotations" -}}
