@@ -79,6 +79,10 @@ inline constexpr MetricDef kPreemptions{
     "lazykv_preemptions_total", MetricType::kCounter,
     "Running sequences preempted for lack of KV memory (requeued, recomputed on readmission).", no_labels(),
     no_buckets()};
+inline constexpr MetricDef kSequencesMoved{
+    "lazykv_sequences_moved_total", MetricType::kCounter,
+    "Sequences a group whose worker died had not started, moved to another group of the coordinator (--group).",
+    no_labels(), no_buckets()};
 inline constexpr MetricDef kErrors{
     "lazykv_errors_total", MetricType::kCounter,
     "Requests that ended in an error, by type (invalid_request, authentication, overloaded, cancelled, "
@@ -215,9 +219,10 @@ inline constexpr MetricDef kRouterWaiting{
     no_labels(), no_buckets()};
 
 // Every metric, in exposition order.
-inline constexpr std::array<const MetricDef*, 46> kAllMetrics = {
+inline constexpr std::array<const MetricDef*, 47> kAllMetrics = {
     &kTimeToFirstToken, &kInterTokenLatency, &kRequestDuration, &kRequestsRunning, &kRequestsWaiting,
-    &kRequests,         &kPromptTokens,      &kGenerationTokens, &kReasoningTokens, &kPreemptions,    &kErrors,
+    &kRequests,         &kPromptTokens,      &kGenerationTokens, &kReasoningTokens, &kPreemptions,
+    &kSequencesMoved,   &kErrors,
     &kKvSlots,          &kKvBytes,           &kKvPoolBytes,      &kKvCapacityBytes,  &kEvictions,
     &kEvictionsByPhase, &kDemotions,
     &kPromotions,       &kPromotionHits,     &kTransferBytes,    &kTransferDuration,

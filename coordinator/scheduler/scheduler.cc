@@ -504,6 +504,7 @@ bool Scheduler::hand_over(Sequence& seq) {
   }
   seq.done = true;  // it lives on in the other scheduler
   outstanding_tokens_ -= tokens;
+  metrics_.counter(metrics::kSequencesMoved).inc();
   return true;
 }
 

@@ -163,6 +163,8 @@ check "a request after the kill -> 200" \
   test "$(status_of "$url/v1/chat/completions" -H 'Content-Type: application/json' -d "$chat_body")" = 200
 grep -q 'lazykv_worker_up{worker="1.0"} 0' <<<"$(curl -s "$url/metrics")"
 check 'lazykv_worker_up{worker="1.0"} 0' test $? = 0
+moved=$(metric lazykv_sequences_moved_total)
+check "the queued sequences of group 1 moved to group 0 (lazykv_sequences_moved_total $moved)" test "${moved:-0}" -ge 1
 kill -TERM "$coord_pid"
 wait "$coord_pid"
 check "the coordinator of two groups exits 0 on SIGTERM" test $? = 0

@@ -922,6 +922,7 @@ TEST_F(SchedulerTest, ADeadGroupHandsTheSequencesItHasNotStartedToAnother) {
     EXPECT_EQ(got[i].tokens, reference[i].tokens) << "sequence " << i;
   }
   EXPECT_EQ(registry.counter(metrics::kErrors, {"unavailable"}).value(), 0);
+  EXPECT_EQ(registry.counter(metrics::kSequencesMoved).value(), 2);
   EXPECT_EQ(groups.group(0).outstanding_tokens(), 0);
   EXPECT_EQ(groups.choose(long_prompt(3)), 1) << "a dead group gets nothing new";
   EXPECT_EQ(groups.choose(long_prompt(4)), 1);
