@@ -637,10 +637,14 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
     if (data.size() > s.options.host_capacity_bytes) {
       throw Error(ErrorCode::kOutOfMemory, "tier store: block " + key.to_string() + " exceeds the host pool capacity");
     }
+    // The block leaves tier 2's eviction order first: making room in the pool
+    // may make room in tier 2, which must not erase the block being promoted.
+    s.forget_nvme_entry(key, entry);
     uint64_t offset = 0;
     try {
       offset = s.make_room(data.size(), entry.page, next_use);
     } catch (...) {
+      s.nvme_by_use.emplace(entry.next_use, key);  // it stays in tier 2
       s.update_gauges();
       throw;
     }
@@ -649,6 +653,7 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
       s.nvme->erase(key);
     } catch (...) {
       s.free_space(offset, data.size());
+      s.nvme_by_use.emplace(entry.next_use, key);
       s.update_gauges();
       throw;
     }
@@ -657,7 +662,6 @@ ReadLease TierStore::get(PeerId peer, const BlockKey& key, BlockHint next_use_hi
       s.m.to_host_seconds->observe(seconds_since(start));
     }
     s.host_blocks.emplace(entry.page, Impl::HostBlock{key, offset, data.size(), checksum, 0, false, false});
-    s.forget_nvme_entry(key, entry);
     entry.tier = Tier::kHost;
     entry.checksum = checksum;
     entry.checksum_known = true;
