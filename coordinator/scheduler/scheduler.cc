@@ -503,6 +503,10 @@ bool Scheduler::hand_over(Sequence& seq) {
     return false;
   }
   seq.done = true;  // it lives on in the other scheduler
+  // A worker declared dead may only have been cut off: if it answers again,
+  // it frees what this one held there (releases of unknown ids are no-ops).
+  if (seq.started) pending_release_.push_back(SeqId(seq.id));
+  seq.started = false;
   outstanding_tokens_ -= tokens;
   metrics_.counter(metrics::kSequencesMoved).inc();
   return true;
