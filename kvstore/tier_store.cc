@@ -41,7 +41,8 @@
 // erased one at a time: first those whose predicted use has passed without a
 // read (the longest overdue first), then those predicted furthest away (never
 // predicted, e.g. recovered, first), but only while they are predicted later
-// than the incoming victim; otherwise the victim is rejected. nvme_by_use
+// than the incoming victim (an overdue victim displaces only overdue blocks);
+// otherwise the victim is rejected. nvme_by_use
 // orders tier-2 entries by predicted next use for this; nvme_evicted counts
 // the blocks erased.
 //
@@ -279,13 +280,19 @@ struct TierStore::Impl {
       auto candidate = nvme_by_use.begin();
       if (candidate->first >= clock) {  // none overdue: the furthest, if later than the victim
         candidate = std::prev(nvme_by_use.end());
-        if (candidate->first <= next_use) return false;
+        // An overdue victim (its own use passed unread) displaces only overdue blocks.
+        if (next_use < clock || candidate->first <= next_use) return false;
       }
       const BlockKey key = candidate->second;
+      const uint64_t freed = nvme->block_bytes(key).value_or(0);
+      try {
+        nvme->erase(key);
+      } catch (const Error&) {  // a RocksDB failure: the block stays, the victim is dropped instead
+        return false;
+      }
       nvme_by_use.erase(candidate);
       index.erase(key);
-      used -= nvme->block_bytes(key).value_or(0);
-      nvme->erase(key);
+      used -= freed;
       ++counters.nvme_evicted;
       if (options.metrics) m.evicted->inc();
     }

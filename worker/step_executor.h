@@ -113,7 +113,7 @@ class StepExecutor {
   virtual StepResult step(const StepPlan& plan) = 0;
   // False while the worker is known to be down (declared dead after missed
   // heartbeats): the scheduler then fails queued sequences at once instead of
-  // keeping them for a retry.
+  // keeping them for a retry, or hands them to another group (GroupDispatcher).
   virtual bool alive() const { return true; }
 };
 

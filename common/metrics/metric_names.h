@@ -81,7 +81,7 @@ inline constexpr MetricDef kPreemptions{
     no_buckets()};
 inline constexpr MetricDef kSequencesMoved{
     "lazykv_sequences_moved_total", MetricType::kCounter,
-    "Sequences a group whose worker died had not started, moved to another group of the coordinator (--group).",
+    "Sequences that had sent no token when their group's worker died, moved to another group (--group).",
     no_labels(), no_buckets()};
 inline constexpr MetricDef kErrors{
     "lazykv_errors_total", MetricType::kCounter,

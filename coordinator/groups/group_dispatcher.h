@@ -7,9 +7,9 @@
 //   2. otherwise the group with the fewest outstanding tokens.
 // Prefixes are the router's (PrefixAffinity): 64-token blocks of token ids,
 // the prefix cache's block size. Only groups whose workers are alive get new
-// requests; when a group's worker is declared dead, the sequences it has not
-// started (no event sent) move to the others, and those it was running end
-// with an error.
+// requests; when a group's worker is declared dead, the sequences that sent
+// no token yet (queued, or started and still in their prefill) move to the
+// others, one by one, and those that sent tokens end with an error.
 #pragma once
 
 #include <chrono>

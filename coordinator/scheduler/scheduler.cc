@@ -137,7 +137,8 @@ std::vector<SequenceHandle> Scheduler::submit(std::vector<SequenceRequest> reque
 bool Scheduler::adopt(UnstartedSequence& s) {
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ || draining_ || waiting_count_.load() >= size_t(options_.max_waiting)) return false;
+    // Not a new request: a draining server still finishes it.
+    if (stopping_ || waiting_count_.load() >= size_t(options_.max_waiting)) return false;
     const int64_t tokens = int64_t(s.request.prompt.size()) + s.request.max_new_tokens;
     auto seq = std::make_unique<Sequence>(s.id, std::move(s.request), std::move(s.stream), tokenizer_);
     seq->counted = s.prompt_counted;

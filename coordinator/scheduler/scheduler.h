@@ -54,8 +54,9 @@ namespace lazykv {
 // small would run prompts at a small fraction of the prefill throughput.
 constexpr int32_t kMinPrefillChunk = 16;
 
-// A sequence that never ran, taken off a dead worker's queue to run on
-// another group's (GroupDispatcher): it keeps its id and its stream.
+// A sequence that sent no token yet (queued, or still in its prefill), taken
+// off a dead worker to run on another group's (GroupDispatcher): it keeps its
+// id and its stream.
 struct UnstartedSequence {
   uint64_t id = 0;
   SequenceRequest request;
@@ -113,7 +114,8 @@ class Scheduler final : public SequenceQueue {
   // Waits until nothing is queued or running, or the deadline; true if idle.
   bool wait_idle(std::chrono::steady_clock::time_point deadline);
   // Queues a sequence another scheduler handed over (SchedulerOptions::hand_over),
-  // moving from `s` only when it takes it; false when stopping, draining or full.
+  // moving from `s` only when it takes it; false when stopping or full (a
+  // draining scheduler takes it: it is no new request).
   bool adopt(UnstartedSequence& s);
   // Prompt plus max_new_tokens of every sequence queued or running: its load.
   int64_t outstanding_tokens() const { return outstanding_tokens_.load(); }

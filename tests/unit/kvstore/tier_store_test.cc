@@ -270,6 +270,21 @@ TEST(TierStore, AFullTier2RejectsAVictimNeededLaterThanEveryBlockItHolds) {
   expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(1, 1), {}); });
 }
 
+TEST(TierStore, AnOverdueVictimDisplacesNoBlockThatIsStillDue) {
+  TempDir dir;
+  TierStore store(one_block_each(dir));
+  put_block(store, 0, 1000);
+  put_block(store, 1, 1);  // 0 goes to tier 2
+  // The clock (one per request) passes 1's predicted use: misses tick it.
+  for (int i = 0; i < 5; ++i) expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(9, 9), {}); });
+  put_block(store, 2, 1);  // 1, overdue, would displace 0, still due: dropped instead
+  const TierStoreStats stats = store.stats();
+  EXPECT_EQ(stats.nvme_evicted, 0u);
+  EXPECT_EQ(stats.nvme_rejected, 1u);
+  expect_error(ErrorCode::kNotFound, [&] { store.get(1, key_of(1, 1), {}); });
+  EXPECT_EQ(read(store, key_of(1, 0)), payload(key_of(1, 0), 1));
+}
+
 TEST(TierStore, BlocksRecoveredFromTier2GiveWayToNewVictims) {
   TempDir dir;
   {

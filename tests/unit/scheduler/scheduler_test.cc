@@ -913,7 +913,9 @@ TEST_F(SchedulerTest, ADeadGroupHandsTheSequencesItHasNotStartedToAnother) {
   GroupDispatcher groups({{&flaky, "0.0"}, {&w1, "1.0"}}, *tokenizer_, registry, scheduler_options);
   const std::vector<SequenceRequest> requests = {request(1, 6), request(2, 6)};
   const std::vector<SequenceHandle> handles = groups.submit(requests);  // group 0, first in turn
-  while (flaky.starting_steps() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (flaky.starting_steps() < 2 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GE(flaky.starting_steps(), 2) << "group 0 never tried to start them";
   flaky.kill();  // declared dead: the next failed step hands them over
   const std::vector<Outcome> got = collect(handles);
   const std::vector<Outcome> reference = alone(requests);
