@@ -23,6 +23,20 @@ PolicyParam keep_prompt_param(double default_value) {
           "1: the prompt is never evicted (it counts in the budget); 0: it competes with the generated tokens"};
 }
 
+// R-KV's parameters, then `more`, then keep_prompt: skipkv scores as rkv does.
+std::vector<PolicyParam> rkv_params(std::vector<PolicyParam> more) {
+  std::vector<PolicyParam> params = {
+      budget_param(),
+      {"period", 128, 1, kMaxSlots, true, "decode steps between compressions"},
+      {"window", 8, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
+      {"kernel", 7, 1, 63, true, "max-pooling kernel (odd)"},
+      {"lambda", 0.1, 0, 1, false, "weight of importance against redundancy"},
+  };
+  params.insert(params.end(), more.begin(), more.end());
+  params.push_back(keep_prompt_param(0));
+  return params;
+}
+
 // Whole numbers in full (a budget limit of 16777216, not 1.67772e+07).
 std::string format_number(double v) {
   std::ostringstream os;
@@ -118,12 +132,7 @@ const std::vector<PolicyInfo>& policy_catalog() {
        "window"},
       {"rkv",
        "R-KV: importance from the last queries minus key redundancy, every `period` steps",
-       {budget_param(),
-        {"period", 128, 1, kMaxSlots, true, "decode steps between compressions"},
-        {"window", 8, 1, kMaxSlots, true, "observation window: the last queries, whose slots are kept"},
-        {"kernel", 7, 1, 63, true, "max-pooling kernel (odd)"},
-        {"lambda", 0.1, 0, 1, false, "weight of importance against redundancy"},
-        keep_prompt_param(0)},
+       rkv_params({}),
        {"window"},
        {"kernel"},
        "window"},
@@ -183,6 +192,18 @@ const std::vector<PolicyInfo>& policy_catalog() {
        {"recent", "window"},
        {"kernel"},
        "recent"},
+      {"skipkv",
+       "SkipKV: R-KV's scores less a penalty for sentences a later sentence repeats (cosine of their mean final "
+       "hidden states >= tau), evicting whole sentences, every `period` steps",
+       rkv_params({
+           {"tau", 0.95, 0, 1, false, "cosine at which a later sentence makes an earlier one redundant"},
+           {"penalty", 1, 0, 1e6, false, "weight of a redundant sentence's cosine, subtracted from its slots' scores"},
+           {"min_sentence", 4, 1, 4096, true, "tokens before a newline may end a sentence"},
+           {"max_sentence", 256, 1, 4096, true, "tokens at which a sentence ends without a newline"},
+       }),
+       {"window"},
+       {"kernel"},
+       "window"},
   };
   return catalog;
 }

@@ -14,7 +14,7 @@ struct CompactionRule {
   enum Kind {
     kNever,           // full
     kEveryPass,       // streaming, h2o, tova, caote, obcache: after every pass, the prefill too
-    kPrefillPeriod,   // snapkv, rkv, laq: the prefill, then every `period` decode steps (0: never again)
+    kPrefillPeriod,   // snapkv, rkv, skipkv, laq: the prefill, then every `period` decode steps (0: never again)
     kWindow,          // lazy, lazy+tiers: decode steps t with t % window == 0
     kWindowMultiple,  // vase: decode steps leaving more than C slots and a multiple of window
     kRaas,            // raas: every decode step; the prompt stays, at least one decode slot does
@@ -29,7 +29,7 @@ struct CompactionRule {
       kind = kNever;
     } else if (name == "streaming" || name == "h2o" || name == "tova" || name == "caote" || name == "obcache") {
       kind = kEveryPass;
-    } else if (name == "snapkv" || name == "rkv" || name == "laq") {
+    } else if (name == "snapkv" || name == "rkv" || name == "skipkv" || name == "laq") {
       kind = kPrefillPeriod;
       every = c.get_int("period");
     } else if (name == "lazy" || name == "lazy+tiers") {

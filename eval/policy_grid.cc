@@ -15,7 +15,7 @@ const char* const kParamRule =
     "budget < 1 is a ratio r of the base length: max(8, round(r * base)) slots; >= 1 is absolute slots. With the "
     "prompt kept (budget base 'generated') the base is the answer alone, the prompt's P slots come on top, every "
     "policy has keep_prompt=1, and S below is budget - P (else S is the budget). "
-    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv, vase, laq `window`; caote, obcache, laq `recent`) is "
+    "The observation/recent window (lazy, lazy+tiers, snapkv, rkv, skipkv, vase, laq `window`; caote, obcache, laq `recent`) is "
     "min(catalog default, max(1, S / 4)), so that at least three quarters of S is chosen by the policy's score; "
     "streaming keeps its 4 sinks and h2o its half-budget recent window (with the prompt kept, max(1, S / 2)). A "
     "window-like value set in a --policies spec, name(param=value), is kept unless it is not below S; then it is "

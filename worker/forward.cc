@@ -249,7 +249,7 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
   matmul(model_.output(), xn_.data(), n_logit_rows, logits_.data());
 
   // Eviction, after attention saw the full cache: every (item, layer) apart.
-  eviction_seconds_ += end_policy_steps(batch, c.n_layer, cache_, pool_, appended_hook_);
+  eviction_seconds_ += end_policy_steps(batch, c.n_layer, cache_, pool_, appended_hook_, {xn_.data(), E});
   return {logits_.data(), size_t(n_logit_rows) * size_t(c.n_vocab)};
 }
 

@@ -1,5 +1,6 @@
 #include "worker/forward_batch.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -68,8 +69,33 @@ void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParal
   }
 }
 
+bool wants_hidden(std::span<const BatchItem> batch) {
+  return std::any_of(batch.begin(), batch.end(),
+                     [](const BatchItem& item) { return item.policy != nullptr && item.policy->wants_hidden(); });
+}
+
+namespace {
+
+// Each item's last logit row holds its last token's hidden state; a decode
+// token (a generated position) goes to the policy.
+void observe_hidden(std::span<const BatchItem> batch, HiddenRows hidden) {
+  int64_t row = 0;
+  for (const BatchItem& item : batch) {
+    const int64_t n_tok = int64_t(item.tokens.size());
+    row += item.all_logits ? n_tok : 1;
+    if (item.policy == nullptr || !item.policy->wants_hidden()) continue;
+    const int32_t pos = item.start_pos + int32_t(n_tok) - 1;
+    if (pos < item.policy->shape().prompt_len) continue;
+    if (hidden.rows == nullptr) throw Error(ErrorCode::kInternal, "forward: a policy wants hidden states the backend kept");
+    item.policy->observe_token(pos, item.tokens.back(),
+                               {hidden.rows + (row - 1) * hidden.dim, size_t(hidden.dim)});
+  }
+}
+
+}  // namespace
+
 double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool,
-                        const ForwardBackend::AppendedHook& appended) {
+                        const ForwardBackend::AppendedHook& appended, HiddenRows hidden) {
   if (appended) appended(batch);
   std::vector<size_t> with_policy;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -77,6 +103,7 @@ double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& 
   }
   if (with_policy.empty()) return 0;
   const auto start = std::chrono::steady_clock::now();
+  observe_hidden(batch, hidden);
   pool.parallel_for(int64_t(with_policy.size()) * n_layer, 1, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const BatchItem& item = batch[with_policy[size_t(u / n_layer)]];

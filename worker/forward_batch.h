@@ -35,10 +35,22 @@ BatchRows check_batch(std::span<const BatchItem> batch, const ModelConfig& confi
 void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParallelGroup& group,
                    const std::function<void()>& prepare = {});
 
-// After the pass: `appended` (when set), then every (item with a policy,
-// layer) apart, in parallel. Returns the wall seconds the policies took (0
-// when no item has one).
+// Which (host) rows the final hidden states of a pass are in: the output
+// norm's rows, one per logit row ([n_logit_rows][dim]).
+struct HiddenRows {
+  const float* rows = nullptr;
+  int64_t dim = 0;
+};
+
+// True when an item's policy reads hidden states (the backend then has to
+// bring them to the host for end_policy_steps).
+bool wants_hidden(std::span<const BatchItem> batch);
+
+// After the pass: `appended` (when set), each decode token's hidden state to
+// a policy that wants it, then every (item with a policy, layer) apart, in
+// parallel. Returns the wall seconds the policies took (0 when no item has
+// one).
 double end_policy_steps(std::span<const BatchItem> batch, int n_layer, KvCache& cache, ThreadPool& pool,
-                        const ForwardBackend::AppendedHook& appended);
+                        const ForwardBackend::AppendedHook& appended, HiddenRows hidden);
 
 }  // namespace lazykv

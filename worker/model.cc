@@ -146,7 +146,21 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   }
   m->finish();
   m->find_query_stats();
+  m->find_sentence_ends();
   return m;
+}
+
+void Model::find_sentence_ends() {
+  // Byte-level BPE writes a newline as U+010A ("\xC4\x8A"); other models
+  // would spell it "\n" or SentencePiece's "<0x0A>".
+  if (tokenizer_.tokens.empty()) return;
+  auto ends = std::make_shared<std::vector<uint8_t>>(tokenizer_.tokens.size(), 0);
+  for (size_t id = 0; id < tokenizer_.tokens.size(); ++id) {
+    const std::string& text = tokenizer_.tokens[id];
+    (*ends)[id] = text.find("\xC4\x8A") != std::string::npos || text.find('\n') != std::string::npos ||
+                  text == "<0x0A>";
+  }
+  sentence_ends_ = std::move(ends);
 }
 
 void Model::find_query_stats() {

@@ -56,7 +56,10 @@ DEFAULTS = {
     "vase": {"budget": 512, "window": 64, "large": 0.25, "sinks": 4, "kernel": 5, "sketch": 0, "rank": 20, "seed": 0, "keep_prompt": 0},
     "triattention": {"budget": 512, "period": 128, "keep_prompt": 1},
     "laq": {"budget": 512, "lookahead": 8, "recent": 8, "window": 32, "kernel": 7, "period": 128, "keep_prompt": 0},
+    "skipkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1, "tau": 0.95, "penalty": 1.0,
+               "min_sentence": 4, "max_sentence": 256, "keep_prompt": 0},
 }
+RKV_LIKE = ("rkv", "skipkv")
 
 
 class Ambiguous(Exception):
@@ -172,6 +175,86 @@ class Head:
                 setattr(self, name, [arr[i] for i in idx])
 
 
+def near(a, b, rel=1e-4, abs_tol=1e-7):
+    return abs(a - b) <= rel * max(abs(a), abs(b)) + abs_tol
+
+
+class Sentences:
+    """SkipKV's sentences (worker/policy/skipkv.cc's header): generated tokens
+    cut at sentence-end tokens (after min_sentence tokens) or at max_sentence
+    tokens; each closed sentence's unit mean hidden state; the penalty of an
+    earlier sentence is its largest cosine >= tau with a later one (compared
+    with the newest 256 sentences only)."""
+
+    def __init__(self, P, p, ends):
+        self.P, self.p, self.ends = P, p, ends
+        self.first = P            # the open sentence's first position
+        self.sum = None
+        self.ends_at = []         # exclusive end of each closed sentence
+        self.penalty = []
+        self.emb = []             # float32 unit embeddings, one per closed sentence
+
+    def observe(self, pos, token, hidden):
+        h = np.asarray(hidden, dtype=np.float64).astype(F32).astype(np.float64)
+        self.sum = h if self.sum is None else self.sum + h
+        length = pos + 1 - self.first
+        if (token in self.ends and length >= self.p["min_sentence"]) or length >= self.p["max_sentence"]:
+            norm = math.sqrt(float(np.dot(self.sum, self.sum)))
+            v = (self.sum / norm if norm > 0 else np.zeros_like(self.sum)).astype(F32)
+            start = max(0, len(self.emb) - 256)
+            for j in range(start, len(self.emb)):
+                c = float(np.dot(self.emb[j].astype(np.float64), v.astype(np.float64)))
+                if near(c, self.p["tau"], rel=0, abs_tol=1e-4):
+                    raise Ambiguous("sentence cosine within 1e-4 of tau")
+                if c >= self.p["tau"]:
+                    self.penalty[j] = max(self.penalty[j], F32(c))
+            self.emb.append(v)
+            self.penalty.append(F32(0))
+            self.ends_at.append(pos + 1)
+            self.first = pos + 1
+            self.sum = np.zeros_like(self.sum)
+
+    def sentence_of(self, pos):
+        if pos < self.P or pos >= self.first:
+            return -1
+        return next(i for i, e in enumerate(self.ends_at) if pos < e)
+
+    def keep(self, positions, rkv, lead, nc, n, k, what):
+        """Slot indices kept: the lowest units (closed sentences, or single
+        slots) of [lead, nc) dropped whole until nc - k are gone, ties newer
+        first; the unit crossing the line drops its lowest slots only."""
+        lead = min(lead, nc)
+        to_drop = nc - max(lead, min(k, nc))
+        sid = [self.sentence_of(pos) for pos in positions[:nc]]
+        w = F32(self.p["penalty"])
+        scores = [F32(rkv[i] - w * self.penalty[sid[i]]) if sid[i] >= 0 else F32(rkv[i]) for i in range(nc)]
+        units, i = [], lead
+        while i < nc:
+            j = i + 1
+            if sid[i] >= 0:
+                while j < nc and sid[j] == sid[i]:
+                    j += 1
+            units.append((sum(float(scores[a]) for a in range(i, j)) / (j - i), i, j))
+            i = j
+        means = sorted(u[0] for u in units)
+        if any(near(a, b) for a, b in zip(means, means[1:])):
+            raise Ambiguous(f"{what}: two sentence scores too close")
+        units.sort(key=lambda u: (u[0], -u[1]))
+        dropped = set()
+        for _, a, b in units:
+            if to_drop == 0:
+                break
+            slots = list(range(a, b))
+            if len(slots) > to_drop:
+                vals = sorted(float(scores[x]) for x in slots)
+                if any(near(x, y) for x, y in zip(vals, vals[1:])):
+                    raise Ambiguous(f"{what}: two slot scores too close in the cut sentence")
+                slots = sorted(slots, key=lambda x: (float(scores[x]), -x))[:to_drop]
+            dropped.update(slots)
+            to_drop -= len(slots)
+        return [i for i in range(n) if i not in dropped]
+
+
 class Replay:
     """Drives one policy over a trace, mirroring what `replay-policy` reports."""
 
@@ -191,6 +274,8 @@ class Replay:
         self.t = 0
         self.peak = 0
         self.saw_tie_at_cut = False
+        if self.name == "skipkv":
+            self.sentences = Sentences(self.P, self.p, set(trace.get("sentence_ends", [])))
 
     # --- attention ---
     def probs(self, h, q, max_pos):
@@ -218,7 +303,7 @@ class Replay:
                 return
         elif self.name == "laq":
             w = max(self.p["window"], self.p["recent"])
-        elif self.name not in ("snapkv", "rkv"):
+        elif self.name not in ("snapkv",) + RKV_LIKE:
             return
         self.queries[h].append((pos, np.asarray(q, dtype=F32)))
         self.queries[h] = sorted(self.queries[h], key=lambda e: e[0])[-w:]
@@ -248,6 +333,29 @@ class Replay:
                         raise Ambiguous(f"{what}: equal scores from different state")
         return list(range(lead)) + [lead + i for i in kept] + list(range(n_candidates, n))
 
+    def rkv_scores(self, h, nc):
+        """R-KV's scores of the older nc slots of head h."""
+        hd, p = self.heads[h], self.p
+        # Each remembered query's softmax over the older slots only (R-KV
+        # normalises over the candidates; one query per head here, so the
+        # group max is the logit itself).
+        keys_c = np.array(hd.keys[:nc], dtype=F32)
+        acc = np.zeros(nc, dtype=F32)
+        for _, q in self.queries[h]:
+            logits = ((keys_c @ q.astype(F32)).astype(F32) * self.scale).astype(F32)
+            acc = (acc + softmax_f32(logits)).astype(F32)
+        importance = max_pool1d((acc / F32(max(len(self.queries[h]), 1))).astype(F32), p["kernel"])
+        khat = (keys_c / (np.linalg.norm(keys_c, axis=1, keepdims=True) + F32(1e-8))).astype(F32)
+        total = khat.sum(axis=0, dtype=F32)
+        if nc > 1:
+            mean_sim = ((khat @ total - 1.0) / F32(nc - 1)).astype(F32)
+        else:
+            mean_sim = np.zeros(nc, dtype=F32)
+        redundancy = np.exp(mean_sim.astype(np.float64) - mean_sim.max())
+        redundancy = (redundancy / redundancy.sum()).astype(F32)
+        lam = F32(p["lambda"])
+        return (lam * importance - (F32(1) - lam) * redundancy).astype(F32)
+
     def recent_probs(self, h):
         """Probabilities of the remembered queries, each with its own causal mask."""
         return [self.probs(h, q, pos) for pos, q in self.queries[h]]
@@ -263,7 +371,7 @@ class Replay:
             for h in range(self.H):
                 for p in range(self.P):
                     q = np.asarray(tr["prompt_queries"][h][p], dtype=np.float64).astype(F32)
-                    if self.name in ("snapkv", "rkv", "vase") and p >= self.P - self.p["window"]:
+                    if self.name in ("snapkv", "vase") + RKV_LIKE and p >= self.P - self.p["window"]:
                         self.remember(h, p, q)
                     if self.name == "laq" and p >= self.P - max(self.p["window"], self.p["recent"]):
                         self.remember(h, p, q)
@@ -307,6 +415,8 @@ class Replay:
             hd = self.heads[h]
             if self.name in ("h2o", "tova", "caote"):
                 hd.attn = [F32(a + b) for a, b in zip(hd.attn, pr)]
+        if self.name == "skipkv":
+            self.sentences.observe(pos, step["token"], step["hidden"])
         self.select(prompt_completed=False, hits=hits)
 
     def select(self, prompt_completed, hits=None):
@@ -411,7 +521,7 @@ class Replay:
                 if n > C:
                     hd.keep(self.keep_top(np.array(hd.score, dtype=F32), n - R, n, C - R, f"obcache t={t}"))
             return
-        if name in ("snapkv", "rkv"):
+        if name in ("snapkv",) + RKV_LIKE:
             C, W, K, period = p["budget"], p["window"], p["kernel"], p["period"]
             due = prompt_completed or (t >= 1 and period > 0 and t % period == 0)
             if not due:
@@ -431,26 +541,10 @@ class Replay:
                     # Pooling runs over the candidates only (consulted the code).
                     scores = max_pool1d(scores, K)
                 else:
-                    # Each remembered query's softmax over the older slots
-                    # only (R-KV normalises over the candidates; one query
-                    # per head here, so the group max is the logit itself).
-                    keys_c = np.array(hd.keys[:nc], dtype=F32)
-                    acc = np.zeros(nc, dtype=F32)
-                    for _, q in self.queries[h]:
-                        logits = ((keys_c @ q.astype(F32)).astype(F32) * self.scale).astype(F32)
-                        acc = (acc + softmax_f32(logits)).astype(F32)
-                    importance = max_pool1d((acc / F32(max(len(self.queries[h]), 1))).astype(F32), K)
-                    keys = np.array(hd.keys[:nc], dtype=F32)
-                    khat = (keys / (np.linalg.norm(keys, axis=1, keepdims=True) + F32(1e-8))).astype(F32)
-                    total = khat.sum(axis=0, dtype=F32)
-                    if nc > 1:
-                        mean_sim = ((khat @ total - 1.0) / F32(nc - 1)).astype(F32)
-                    else:
-                        mean_sim = np.zeros(nc, dtype=F32)
-                    redundancy = np.exp(mean_sim.astype(np.float64) - mean_sim.max())
-                    redundancy = (redundancy / redundancy.sum()).astype(F32)
-                    lam = F32(p["lambda"])
-                    scores = (lam * importance - (F32(1) - lam) * redundancy).astype(F32)
+                    scores = self.rkv_scores(h, nc)
+                if name == "skipkv":
+                    hd.keep(self.sentences.keep(hd.pos, scores, self.kept_prompt(), nc, n, C - W, f"skipkv t={t}"))
+                    continue
                 full = np.concatenate([scores, np.zeros(W, dtype=F32)])
                 hd.keep(self.keep_top(full, nc, n, C - W, f"{name} t={t}"))
             return
@@ -675,6 +769,22 @@ def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpn
     return trace
 
 
+def add_sentences(rng, trace, E=6, n_topics=3):
+    """Generated tokens and final hidden states: token 0 ends a sentence
+    (about one token in four); the hidden states of the tokens after one
+    share a topic with noise, so sentences on the same topic come out
+    redundant."""
+    topics = rng.normal(size=(n_topics, E))
+    topic = rng.integers(n_topics)
+    trace["sentence_ends"] = [0]
+    for step in trace["steps"]:
+        token = 0 if rng.uniform() < 0.25 else int(rng.integers(1, 5))
+        step["token"] = token
+        step["hidden"] = rounded(topics[topic] + 0.35 * rng.normal(size=E))
+        if token == 0:
+            topic = rng.integers(n_topics)
+
+
 def random_query_stats(rng, H, D):
     """Query centres and mean magnitudes for one layer of H query heads: the
     mean magnitude is the centre's plus a spread, as a measured one is."""
@@ -694,6 +804,8 @@ def generate(seed, policy, P, n_steps, accept=None, want_newest_case=False, **kw
         if policy["name"] == "triattention":
             trace["rope_theta"] = 500.0
             trace["query_stats"] = random_query_stats(rng, trace["H"], trace["D"])
+        if policy["name"] == "skipkv":
+            add_sentences(rng, trace)
         r = Replay(trace)
         try:
             expected = r.run()
@@ -874,6 +986,17 @@ def cases():
     add("triattention_random1", generate(1200, tri, 6, 70), 10)
     # The prompt competes too.
     add("triattention_prompt_evicted", generate(1210, dict(tri, keep_prompt=0, period=3), 10, 50), 8)
+
+    skip = {"name": "skipkv", "budget": 12, "window": 3, "kernel": 3, "period": 5, "lambda": 0.1, "tau": 0.9,
+            "min_sentence": 2, "max_sentence": 6}
+    redundant = lambda r, e: any(pen > 0 for pen in r.sentences.penalty)
+    add("skipkv_random1", generate(1500, skip, 8, 70, accept=redundant), 8)
+    add("skipkv_random2", generate(1510, dict(skip, budget=14, window=4, kernel=5, period=6, penalty=0.002,
+                                              **{"lambda": 0.6}), 12, 80, prompt_queries=True, accept=redundant), 8)
+    add("skipkv_keep_prompt", generate(1520, dict(skip, budget=16, keep_prompt=1, tau=0.8), 6, 70,
+                                       prompt_queries=True, accept=redundant), 8)
+    # No sentence ever ends: single slots only, R-KV's ranking.
+    add("skipkv_no_sentences", generate(1530, dict(skip, min_sentence=4096, max_sentence=4096), 8, 50), 5)
     return out
 
 

@@ -227,7 +227,7 @@ struct CudaForwardPass::Impl {
   DeviceBuffer<cuda::AttentionUnit> units;
 
   // Host staging (page-locked, for asynchronous copies).
-  PinnedBuffer<float> h_x, h_logits, h_probs, h_q, h_reduce;
+  PinnedBuffer<float> h_x, h_logits, h_hidden, h_probs, h_q, h_reduce;
   PinnedBuffer<uint16_t> h_k16, h_v16;
   PinnedBuffer<int32_t> h_positions;
   PinnedBuffer<uint8_t> h_pages;
@@ -513,6 +513,7 @@ void CudaForwardPass::Impl::prepare(const PassUnits& pu, const BatchRows& rows) 
   h_v16.reserve(layers_staged * T * kv_dim);
   if (pu.any_policy) h_q.reserve(T * q_dim);
   h_logits.reserve(size_t(rows.n_logit_rows) * size_t(c.n_vocab));
+  if (wants_hidden(pu.batch)) h_hidden.reserve(size_t(rows.n_logit_rows) * size_t(E));
   if (group.world() > 1) h_reduce.reserve(T * E);
 
   // Attention: every head's table (its pages after this pass's appends), the
@@ -972,6 +973,8 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
   const size_t n_logits = size_t(n_logit_rows) * size_t(c.n_vocab);
   float* hl = h_logits.data();
   download(hl, logits.data(), n_logits * sizeof(float));
+  const bool hidden_wanted = wants_hidden(batch);
+  if (hidden_wanted) download(h_hidden.data(), xn.data(), size_t(n_logit_rows) * size_t(c.n_embd) * sizeof(float));
   if (pu.device_appends()) {
     const size_t rows_bytes = size_t(c.n_layer) * size_t(T * kv_dim) * sizeof(uint16_t);
     download(h_k16.data(), k16.data(), rows_bytes);
@@ -982,7 +985,8 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
 
   // Eviction on the host, after attention saw the full cache; the pages it
   // rewrites reach the mirror at the next pass's first layer.
-  eviction_seconds += end_policy_steps(batch, c.n_layer, cache, pool, appended);
+  eviction_seconds += end_policy_steps(batch, c.n_layer, cache, pool, appended,
+                                       {hidden_wanted ? h_hidden.data() : nullptr, c.n_embd});
   return {hl, n_logits};  // page-locked; valid until the next run
 }
 

@@ -32,6 +32,7 @@ PolicyShape policy_shape(const Model& model, int32_t prompt_len, int32_t max_len
   shape.rope_inv_freq = model.rope().inv_freq;
   shape.query_stats = model.query_stats();
   shape.query_stats_missing = model.query_stats_missing();
+  shape.sentence_ends = model.sentence_ends();
   return shape;
 }
 
@@ -195,6 +196,8 @@ void EvictionPolicy::draft_slots(int layer, int head, const KvCache& cache, SeqI
   std::iota(keep.begin(), keep.end(), 0);
 }
 
+void EvictionPolicy::observe_token(int32_t, int32_t, std::span<const float>) {}
+
 void EvictionPolicy::end_draft(const DraftQueries&, KvCache&, SeqId) {}
 
 void EvictionPolicy::before_compact(int, int, const Head&, std::span<const int32_t>, const KvCache&, SeqId) {}
@@ -303,14 +306,15 @@ const std::map<std::string, PolicyFactory>& policy_factories() {
       {"streaming", make_streaming_policy}, {"h2o", make_h2o_policy}, {"tova", make_tova_policy},
       {"snapkv", make_snapkv_policy},   {"rkv", make_rkv_policy},     {"raas", make_raas_policy},
       {"caote", make_caote_policy},     {"obcache", make_obcache_policy}, {"vase", make_vase_policy},
-      {"triattention", make_triattention_policy}, {"laq", make_laq_policy},
+      {"triattention", make_triattention_policy}, {"laq", make_laq_policy},   {"skipkv", make_skipkv_policy},
   };
   return factories;
 }
 
 std::string policy_unavailable(const std::string& name, const PolicyShape& shape) {
   using Check = std::string (*)(const PolicyShape&);
-  static const std::map<std::string, Check> checks = {{"triattention", triattention_unavailable}};
+  static const std::map<std::string, Check> checks = {{"triattention", triattention_unavailable},
+                                                       {"skipkv", skipkv_unavailable}};
   const auto it = checks.find(name);
   return it == checks.end() ? std::string() : it->second(shape);
 }

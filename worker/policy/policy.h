@@ -53,6 +53,10 @@ struct PolicyShape {
   std::shared_ptr<const QueryStats> query_stats;
   std::string query_stats_missing;
   int kv_head_offset = 0;
+  // For policies that evict whole sentences (skipkv): per token id, 1 when
+  // the token's text ends a sentence (it holds a newline); null when the
+  // model carries no token texts.
+  std::shared_ptr<const std::vector<uint8_t>> sentence_ends;
 };
 
 struct ModelConfig;
@@ -141,6 +145,14 @@ class EvictionPolicy {
   // Updates state from this step's statistics and compacts the layer's cache
   // heads when the policy says so. Layers may run concurrently.
   void end_step(int layer, KvCache& cache, SeqId seq);
+
+  // --- hidden states (skipkv) ---
+  // True when the policy reads each decode token's final hidden state: the
+  // forward pass then calls observe_token for the token it appended, after
+  // the output norm and before the step's end_step calls.
+  virtual bool wants_hidden() const { return false; }
+  // token: the id at pos (a generated position); hidden: its [n_embd] row.
+  virtual void observe_token(int32_t pos, int32_t token, std::span<const float> hidden);
 
   // --- draft (laq) ---
   // The draft tokens the policy waits for before it compacts (0: none). A

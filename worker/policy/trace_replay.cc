@@ -62,6 +62,20 @@ PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, i
     theta = trace["rope_theta"].get<double>();
   }
   for (int f = 0; f < D / 2; ++f) shape.rope_inv_freq.push_back(float(1.0 / std::pow(theta, 2.0 * f / D)));
+  // Token ids that end a sentence (skipkv); none when absent.
+  auto table = std::make_shared<std::vector<uint8_t>>();
+  if (trace.contains("sentence_ends")) {
+    const nlohmann::json& ends = trace["sentence_ends"];
+    if (!ends.is_array()) bad("\"sentence_ends\" must be an array of token ids");
+    for (const nlohmann::json& id : ends) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= 65536) {
+        bad("\"sentence_ends\" holds token ids in [0, 65536)");
+      }
+      table->resize(std::max(table->size(), size_t(id.get<int64_t>()) + 1), 0);
+      (*table)[size_t(id.get<int64_t>())] = 1;
+    }
+  }
+  shape.sentence_ends = std::move(table);
   if (trace.contains("query_stats")) {
     shape.query_stats = std::make_shared<const QueryStats>(query_stats_from_json(trace["query_stats"]));
   } else {
@@ -92,6 +106,21 @@ DraftQueries trace_draft(const nlohmann::json& trace, int H, int D, int32_t want
     }
   }
   return draft;
+}
+
+// A step's token and final hidden state ({"token": id, "hidden": [E]}, E the
+// same at every step) for a policy that reads them.
+void observe_step(EvictionPolicy& policy, const nlohmann::json& step, int32_t pos, const std::string& where,
+                  size_t& hidden_dim) {
+  if (!step.contains("token") || !step["token"].is_number_integer() || step["token"].get<int64_t>() < 0 ||
+      step["token"].get<int64_t>() >= 65536 || !step.contains("hidden") || !step["hidden"].is_array() ||
+      step["hidden"].empty() || step["hidden"].size() > 4096) {
+    bad(where + ": policy " + policy.config().name +
+        " reads hidden states: the step needs \"token\" (an id in [0, 65536)) and \"hidden\" (1 to 4096 numbers)");
+  }
+  if (hidden_dim == 0) hidden_dim = step["hidden"].size();
+  const std::vector<float> hidden = vector_of(step["hidden"], int(hidden_dim), where + ".hidden");
+  policy.observe_token(pos, step["token"].get<int32_t>(), hidden);
 }
 
 }  // namespace
@@ -159,6 +188,7 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
     }
   }
 
+  size_t hidden_dim = 0;  // the first step's
   nlohmann::json result = {{"policy", config.to_json()}, {"prompt_len", P}, {"steps", nlohmann::json::array()}};
   for (size_t i = 0; i < steps.size(); ++i) {
     const nlohmann::json& step = steps[i];
@@ -178,6 +208,7 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
     for (int h = 0; h < H; ++h) {
       attend(h, pos, vector_of(step["query"][size_t(h)], D, where + ".query[" + std::to_string(h) + "]"));
     }
+    if (policy->wants_hidden()) observe_step(*policy, step, pos, where, hidden_dim);
     policy->end_step(0, cache, seq);
     if (const int32_t wanted = policy->draft_wanted()) {
       policy->end_draft(trace_draft(trace, H, D, wanted, pos), cache, seq);

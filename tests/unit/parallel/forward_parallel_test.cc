@@ -272,6 +272,18 @@ TEST(LocalWorkerTensorParallel, LaqDraftsGreedyEqualsOneRank) {
   EXPECT_EQ(worker_tokens(*m.model, 2, laq, 32), one);
 }
 
+// skipkv's sentences come from the full hidden state, which every rank holds
+// after the last all-reduce: the ranks cut and rank the same sentences.
+TEST(LocalWorkerTensorParallel, SkipKvGreedyEqualsOneRank) {
+  TinyModel m = load_tiny_model("tp_skipkv", spec_with(96, 6, 3, 128, DType::kQ8_0));
+  const PolicyConfig skipkv = make_policy_config(
+      "skipkv", {{"budget", "24"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}, {"max_sentence", "5"},
+                 {"tau", "0.5"}});
+  const std::vector<int32_t> one = worker_tokens(*m.model, 1, skipkv, 32);
+  ASSERT_EQ(one.size(), 32u);
+  EXPECT_EQ(worker_tokens(*m.model, 2, skipkv, 32), one);
+}
+
 // A draft runs in the worker's own cache and forward pass, between steps:
 // a sequence batched beside a drafting one gets the tokens it gets alone.
 TEST(LocalWorkerTensorParallel, ADraftLeavesTheOtherSequencesAlone) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "common/policy_config.h"
 #include "worker/policy/trace_replay.h"
 
@@ -97,6 +98,32 @@ TEST_P(GoldenTrace, ReplayMatchesReference) {
     }
   }
   EXPECT_EQ(got["peak_slots"], want["peak_slots"]);
+}
+
+// A trace for a policy that reads hidden states must give each step's token
+// and state, all of one size: else a clear error, never a crash.
+TEST(GoldenTraces, SkipKvTraceWithoutHiddenStatesIsRefused) {
+  const nlohmann::json golden = load(fs::path(LAZYKV_TEST_DATA_DIR) / "policy" / "skipkv_random1.json");
+  const auto refusal = [](const nlohmann::json& trace) {
+    try {
+      replay_trace(trace);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  nlohmann::json no_hidden = golden["trace"];
+  no_hidden["steps"][3].erase("hidden");
+  EXPECT_NE(refusal(no_hidden).find("steps[3]: policy skipkv reads hidden states"), std::string::npos)
+      << refusal(no_hidden);
+  nlohmann::json shorter = golden["trace"];
+  shorter["steps"][5]["hidden"].erase(0);
+  EXPECT_NE(refusal(shorter).find("steps[5].hidden must be an array of 6 numbers"), std::string::npos)
+      << refusal(shorter);
+  nlohmann::json bad_end = golden["trace"];
+  bad_end["sentence_ends"] = {-1};
+  EXPECT_NE(refusal(bad_end).find("\"sentence_ends\" holds token ids"), std::string::npos) << refusal(bad_end);
 }
 
 std::string test_name(const ::testing::TestParamInfo<fs::path>& info) { return info.param.stem().string(); }

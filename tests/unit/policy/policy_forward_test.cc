@@ -14,12 +14,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/error.h"
 #include "common/policy_config.h"
 #include "common/thread_pool.h"
 #include "eval/kv_occupancy.h"
+#include "kernels/cpu/quant.h"
 #include "worker/format/tiny_model.h"
 #include "worker/draft.h"
 #include "worker/forward.h"
@@ -197,6 +199,9 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
        [](int32_t t) { return t % 8 == 0; }},
       {config("rkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}}), C + 8,
        [](int32_t t) { return t % 8 == 0; }},
+      {config("skipkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}, {"max_sentence", "5"},
+                         {"tau", "0.5"}}),
+       C + 8, [](int32_t t) { return t % 8 == 0; }},
       {config("raas", {{"budget", "16"}, {"alpha", "0.02"}}), C + 1, [](int32_t) { return true; }},
       {config("caote", {{"budget", "16"}, {"recent", "4"}}), C + 1, [](int32_t) { return true; }},
       {config("caote", {{"budget", "16"}, {"recent", "0"}}), C + 1, [](int32_t) { return true; }, false},
@@ -269,6 +274,9 @@ TEST(PolicyForward, KeepPromptKeepsEveryPromptSlot) {
       {config("tova", {{"budget", "16"}, {"keep_prompt", "1"}}), 17},
       {config("snapkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}, {"keep_prompt", "1"}}), 24},
       {config("rkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}, {"keep_prompt", "1"}}), 24},
+      {config("skipkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}, {"max_sentence", "3"},
+                         {"keep_prompt", "1"}}),
+       24},
       {config("caote", {{"budget", "16"}, {"recent", "4"}, {"keep_prompt", "1"}}), 17},
       {config("obcache", {{"budget", "16"}, {"recent", "4"}, {"keep_prompt", "1"}}), 17},
       {config("vase", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"keep_prompt", "1"}}), 20},
@@ -317,6 +325,8 @@ TEST(PolicyForward, OccupancyModelMatchesEveryPolicy) {
       {c("snapkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"}}), &kPrompt},
       {c("snapkv", {{"budget", "8"}, {"window", "2"}, {"kernel", "3"}, {"period", "0"}}), &long_prompt},
       {c("rkv", {{"budget", "8"}, {"window", "2"}, {"kernel", "3"}, {"period", "5"}}), &long_prompt},
+      {c("skipkv", {{"budget", "8"}, {"window", "2"}, {"kernel", "3"}, {"period", "5"}, {"max_sentence", "4"}}),
+       &long_prompt},
       {c("raas", {{"budget", "16"}, {"alpha", "0.02"}}), &kPrompt},
       {c("raas", {{"budget", "8"}}), &long_prompt},
       {c("caote", {{"budget", "16"}, {"recent", "4"}}), &kPrompt},
@@ -368,6 +378,118 @@ TEST(PolicyForward, VaseEvictionsFollowTheSeed) {
     EXPECT_EQ(kept_after(variant, "11"), kept_after(variant, "11")) << "sketch=" << variant;
     EXPECT_NE(kept_after(variant, "11"), kept_after(variant, "12")) << "sketch=" << variant;
   }
+}
+
+// A policy that records the hidden states the pass hands it (and evicts nothing).
+class HiddenRecorder final : public EvictionPolicy {
+ public:
+  explicit HiddenRecorder(const PolicyShape& shape)
+      : EvictionPolicy(make_policy_config("full", {}), shape, shape.n_head_kv, Needs{}) {}
+  bool wants_hidden() const override { return true; }
+  void observe_token(int32_t pos, int32_t token, std::span<const float> hidden) override {
+    seen.push_back({pos, token, std::vector<float>(hidden.begin(), hidden.end())});
+  }
+  struct Seen {
+    int32_t pos, token;
+    std::vector<float> hidden;
+  };
+  std::vector<Seen> seen;
+
+ protected:
+  void select(int, std::span<Head>, const KvCache&, SeqId, std::vector<std::vector<int32_t>>&) override {}
+};
+
+// The hidden state a policy gets for a decode token is the row the output
+// projection turns into that token's logits, in a batch that mixes a prompt
+// chunk with every-token logits, a plain decode item and two recording ones.
+TEST(PolicyForward, HiddenStatesAreTheRowsBehindTheLogits) {
+  const Model& m = tiny_model();
+  const ModelConfig& mc = m.config();
+  ThreadPool pool(2);
+  KvCache cache({mc.n_layer, mc.n_head_kv, mc.head_dim, 4, 0});
+  ForwardPass forward(m, cache, pool);
+  const int32_t P = int32_t(kPrompt.size());
+  std::vector<std::unique_ptr<HiddenRecorder>> recorders;
+  for (SeqId seq = 0; seq < 4; ++seq) {
+    recorders.push_back(std::make_unique<HiddenRecorder>(shape_for(m, P)));
+    cache.add_sequence(seq, recorders.back()->heads_per_layer());
+  }
+  for (SeqId seq = 1; seq < 4; ++seq) {  // sequence 0 stays in its prompt
+    BatchItem prefill{seq, kPrompt, 0, false, recorders[size_t(seq)].get()};
+    forward.run({&prefill, 1});
+  }
+  const std::vector<int32_t> chunk(kPrompt.begin(), kPrompt.begin() + 3), one = {40}, two = {75}, three = {120};
+  const std::vector<BatchItem> batch = {{0, chunk, 0, true, recorders[0].get()},
+                                        {1, one, P, false, recorders[1].get()},
+                                        {2, two, P, false, nullptr},
+                                        {3, three, P, false, recorders[3].get()}};
+  const std::vector<float> logits = [&] {
+    const std::span<const float> out = forward.run(batch);
+    return std::vector<float>(out.begin(), out.end());
+  }();
+  EXPECT_TRUE(recorders[0]->seen.empty()) << "prompt positions are not observed";
+  EXPECT_TRUE(recorders[2]->seen.empty());
+  std::vector<float> row(size_t(mc.n_embd));
+  const size_t out_row_bytes = row_bytes(m.output().type, size_t(mc.n_embd));
+  for (const auto& [seq, logit_row, token] : {std::tuple{1, 3, 40}, std::tuple{3, 5, 120}}) {
+    const std::vector<HiddenRecorder::Seen>& seen = recorders[size_t(seq)]->seen;
+    ASSERT_EQ(seen.size(), 1u) << "sequence " << seq;
+    EXPECT_EQ(seen[0].pos, P);
+    EXPECT_EQ(seen[0].token, token);
+    ASSERT_EQ(int64_t(seen[0].hidden.size()), mc.n_embd);
+    for (int64_t v = 0; v < mc.n_vocab; v += 37) {
+      cpu::dequantize_row(m.output().type, static_cast<const uint8_t*>(m.output().data) + size_t(v) * out_row_bytes,
+                          row.data(), mc.n_embd);
+      double dot = 0;
+      for (int64_t d = 0; d < mc.n_embd; ++d) dot += double(row[size_t(d)]) * double(seen[0].hidden[size_t(d)]);
+      EXPECT_NEAR(dot, logits[size_t(logit_row) * size_t(mc.n_vocab) + size_t(v)], 1e-3)
+          << "sequence " << seq << " vocab " << v;
+    }
+  }
+}
+
+// skipkv on the real pass, sentences cut every 5 tokens (no newline may end
+// one): a compression drops each closed sentence's older slots all or none,
+// except for at most one sentence per head, the one that crossed the line.
+TEST(PolicyForward, SkipKvEvictsWholeSentences) {
+  const Model& m = tiny_model();
+  ASSERT_NE(m.sentence_ends(), nullptr);
+  const PolicyConfig c = config("skipkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"},
+                                           {"min_sentence", "4096"}, {"max_sentence", "5"}, {"tau", "0.3"}});
+  Session s(m, &c, kPrompt);
+  const int32_t P = int32_t(kPrompt.size());
+  int whole_drops = 0;
+  for (int32_t t = 1; t <= 64; ++t) {
+    std::vector<std::vector<int32_t>> before;  // [layer * heads + head]: the pass's slots, new token included
+    for (int layer = 0; layer < m.config().n_layer; ++layer) {
+      for (int h = 0; h < s.heads(); ++h) {
+        const std::span<const int32_t> p = s.cache.positions(0, layer, h);
+        before.emplace_back(p.begin(), p.end());
+        before.back().push_back(s.pos);
+      }
+    }
+    s.feed({s.next()});
+    if (t % 8 != 0) continue;
+    const int32_t closed_end = P + (t / 5) * 5;  // closed sentences: [P + 5i, P + 5i + 5) below this
+    for (size_t u = 0; u < before.size(); ++u) {
+      const std::span<const int32_t> after = s.cache.positions(0, int(u) / s.heads(), int(u) % s.heads());
+      std::map<int32_t, int> had, lost;  // per closed sentence: its older slots, the ones dropped
+      for (size_t i = 0; i + 4 < before[u].size(); ++i) {  // all but the window's 4 newest
+        const int32_t pos = before[u][i];
+        if (pos < P || pos >= closed_end) continue;
+        ++had[(pos - P) / 5];
+        lost[(pos - P) / 5] += !std::binary_search(after.begin(), after.end(), pos);
+      }
+      int cut = 0;
+      for (const auto& [sentence, n] : had) {
+        cut += lost[sentence] > 0 && lost[sentence] < n;
+        whole_drops += lost[sentence] == n;
+      }
+      EXPECT_LE(cut, 1) << "t=" << t << " unit " << u;
+    }
+  }
+  EXPECT_GT(whole_drops, 0) << "no sentence ever left whole";
+  EXPECT_GT(s.policy->evicted_slots(), 0);
 }
 
 // triattention: compresses to the budget whenever a head reaches budget +
