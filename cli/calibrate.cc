@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "common/error.h"
@@ -27,17 +26,8 @@ int run_calibrate(const std::vector<std::string>& args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
-  if (flags.get("input").empty()) throw Error(ErrorCode::kInvalidArgument, "calibrate: --input is required");
-  std::ifstream in(flags.get("input"));
-  if (!in) throw Error(ErrorCode::kNotFound, "calibrate: cannot open " + flags.get("input"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  const int64_t max_tokens = flags.get_int("max-tokens");
-  if (max_tokens < 2) throw Error(ErrorCode::kInvalidArgument, "calibrate: --max-tokens must be at least 2");
-
   LoadedModel m = load_model(flags.get("model"));
-  std::vector<int32_t> tokens = m.tokenizer->encode(text.str(), false);
-  tokens.resize(size_t(std::min<int64_t>({int64_t(tokens.size()), max_tokens, m.model->config().n_ctx_train})));
+  const std::vector<int32_t> tokens = text_file_tokens(m, flags.get("input"), flags.get_int("max-tokens"), "calibrate");
   ThreadPool pool(int(flags.get_int("threads")));
   const auto t0 = std::chrono::steady_clock::now();
   const QueryStats stats = measure_query_stats(*m.model, tokens, pool);

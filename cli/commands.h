@@ -17,6 +17,7 @@ int run_generate(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_replay_policy(const std::vector<std::string>& args);
 int run_calibrate(const std::vector<std::string>& args);
+int run_steer(const std::vector<std::string>& args);
 int run_eval(const std::vector<std::string>& args);
 int run_serve(const std::vector<std::string>& args);
 int run_bench_serve(const std::vector<std::string>& args);
@@ -43,6 +44,12 @@ namespace lazykv {
 // model asks for it and the template did not already add it.
 std::vector<int32_t> encode_prompt(const LoadedModel& m, const std::string& text, bool chat,
                                    const std::string& system = "");
+
+// The tokens of a text file (no BOS), at most max_tokens and the model's
+// training context: what calibrate and steer measure over. Errors name the
+// command.
+std::vector<int32_t> text_file_tokens(const LoadedModel& m, const std::string& path, int64_t max_tokens,
+                                      const std::string& command);
 
 }  // namespace lazykv
 

@@ -152,6 +152,7 @@ int run_accuracy(const std::vector<std::string>& args) {
       .add("match", "budget",
            "what is equal across policies at one budget: 'budget' (C, slots after compaction), 'mean' or 'peak' "
            "(KV slots per head over the answer; C chosen per policy)")
+      .add_switch("answer-text", "keep each answer's text in its --records line (traces for lazykv steer)")
       .add("loop-window", "0",
            "stop an answer whose last N tokens repeat a block of at most N/4 tokens (finish \"loop\"); 0: never "
            "(256 suits long reasoning)")
@@ -178,6 +179,7 @@ int run_accuracy(const std::vector<std::string>& args) {
     throw Error(ErrorCode::kInvalidArgument, "--loop-window must be 0 or in [8, 1048576]");
   }
   options.loop_window = int32_t(loop_window);
+  options.answer_text = flags.get_bool("answer-text");
   const int64_t limit = flags.get_int("limit"), offset = flags.get_int("offset");
   if (limit < 0 || offset < 0) throw Error(ErrorCode::kInvalidArgument, "--limit and --offset must be >= 0");
   std::vector<eval::Problem> all = eval::load_dataset(options.dataset, data_dir(flags));

@@ -1,4 +1,7 @@
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "common/error.h"
@@ -38,6 +41,19 @@ std::vector<int32_t> encode_prompt(const LoadedModel& m, const std::string& text
   if (!system.empty()) messages.push_back({"system", system});
   messages.push_back({"user", text});
   return encoder.encode_chat(messages);
+}
+
+std::vector<int32_t> text_file_tokens(const LoadedModel& m, const std::string& path, int64_t max_tokens,
+                                      const std::string& command) {
+  if (path.empty()) throw Error(ErrorCode::kInvalidArgument, command + ": --input is required");
+  if (max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, command + ": --max-tokens must be at least 1");
+  std::ifstream in(path);
+  if (!in) throw Error(ErrorCode::kNotFound, command + ": cannot open " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::vector<int32_t> tokens = m.tokenizer->encode(text.str(), false);
+  tokens.resize(size_t(std::min<int64_t>({int64_t(tokens.size()), max_tokens, m.model->config().n_ctx_train})));
+  return tokens;
 }
 
 }  // namespace lazykv

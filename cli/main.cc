@@ -23,6 +23,7 @@ constexpr const char* kUsage =
     "  bench-serve  load an OpenAI-compatible server with concurrent streams (JSON)\n"
     "  replay-policy  run an eviction policy over an attention trace (JSON)\n"
     "  calibrate  measure a model's query statistics (for --kv-policy triattention)\n"
+    "  steer      measure a model's steering vector (for --kv-policy skipkv --kv-steer)\n"
     "  eval       policy fidelity and task accuracy (JSON + plot)\n"
     "  synth-model  write a synthetic model (--model synth:<shape>:<type>) as a GGUF file\n"
     "run 'lazykv <command> --help' for the flags of a command\n";
@@ -45,6 +46,7 @@ static int run_command(const std::string& command, const std::vector<std::string
     if (command == "bench-serve") return lazykv::run_bench_serve(args);
     if (command == "replay-policy") return lazykv::run_replay_policy(args);
     if (command == "calibrate") return lazykv::run_calibrate(args);
+    if (command == "steer") return lazykv::run_steer(args);
     if (command == "eval") return lazykv::run_eval(args);
     if (command == "synth-model") return lazykv::run_synth_model(args);
     if (command == "-h" || command == "--help" || command == "help") {

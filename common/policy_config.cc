@@ -200,6 +200,11 @@ const std::vector<PolicyInfo>& policy_catalog() {
            {"penalty", 1, 0, 1e6, false, "weight of a redundant sentence's cosine, subtracted from its slots' scores"},
            {"min_sentence", 4, 1, 4096, true, "tokens before a newline may end a sentence"},
            {"max_sentence", 256, 1, 4096, true, "tokens at which a sentence ends without a newline"},
+           {"steer", 0, 0, 16, false,
+            "activation steering: the scale of the model's steering vector added at each blank line between "
+            "thoughts (0: off; needs lazykv steer's file)"},
+           {"steer_step", 0.25, 0, 16, false, "added to the scale for each earlier thought that re-checked"},
+           {"steer_max", 2, 0, 16, false, "the largest scale"},
        }),
        {"window"},
        {"kernel"},

@@ -12,7 +12,7 @@ namespace lazykv::eval {
 namespace {
 
 AccuracyRecord make_record(size_t problem, const Job& job, const JobResult& result, const Problem& p,
-                           const Tokenizer& tokenizer, Dataset dataset) {
+                           const Tokenizer& tokenizer, const AccuracyOptions& options) {
   AccuracyRecord r;
   r.problem = problem;
   r.budget_slots = job.policy.budget();
@@ -27,8 +27,10 @@ AccuracyRecord make_record(size_t problem, const Job& job, const JobResult& resu
   r.finish = result.finish;
   r.error = result.error;
   if (result.ok()) {
-    r.prediction = extract_prediction(tokenizer.decode(result.tokens, /*skip_special=*/true), dataset);
-    r.correct = answer_correct(r.prediction, p.gold, dataset);
+    const std::string text = tokenizer.decode(result.tokens, /*skip_special=*/true);
+    r.prediction = extract_prediction(text, options.dataset);
+    r.correct = answer_correct(r.prediction, p.gold, options.dataset);
+    if (options.answer_text) r.text = text;
   }
   return r;
 }
@@ -83,6 +85,7 @@ AccuracyReport run_accuracy(BatchRunner& runner, const std::vector<Problem>& pro
   // Configuration 0 is full; then policies x budgets in the order given.
   std::vector<std::pair<std::string, double>> configs = {{"full", 1.0}};
   for (const std::string& name : options.policies) {
+    if (name == "full") continue;  // configuration 0 already: `--policies full` answers with full KV alone
     for (double budget : options.budgets) configs.emplace_back(name, budget);
   }
   using Key = std::tuple<size_t, std::string, double>;  // (problem, policy, budget ratio)
@@ -105,7 +108,7 @@ AccuracyReport run_accuracy(BatchRunner& runner, const std::vector<Problem>& pro
     const ProgressCallback print = progress_printer(label, log);
     runner.run(jobs, {}, [&](size_t j, const JobResult& result, size_t done, size_t total) {
       const auto [problem, config] = keys[j];
-      AccuracyRecord r = make_record(problem, jobs[j], result, problems[problem], tokenizer, options.dataset);
+      AccuracyRecord r = make_record(problem, jobs[j], result, problems[problem], tokenizer, options);
       r.policy = configs[config].first;  // the spec, which tells variants of one policy apart
       r.budget_ratio = configs[config].second;
       keep(std::move(r));

@@ -29,6 +29,7 @@ struct AccuracyOptions {
   BudgetBase budget_base = BudgetBase::kTotal;
   BudgetMatch match = BudgetMatch::kBudget;
   int32_t loop_window = 0;  // Job::loop_window of every job
+  bool answer_text = false;  // keep each answer's text in its record
 };
 
 // One problem answered by one configuration.
@@ -48,6 +49,7 @@ struct AccuracyRecord {
   TierCounters tiers;        // what a tiered policy moved (zero otherwise)
   std::string finish;        // "stop", "length", "loop" or "error"
   std::string error;         // the job could not run (counted as wrong)
+  std::optional<std::string> text;  // the answer, when asked for (AccuracyOptions::answer_text)
 };
 
 struct AccuracyRow {

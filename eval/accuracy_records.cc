@@ -44,6 +44,7 @@ AccuracyRecord record_from_json(const nlohmann::json& j, size_t problem) {
   }
   r.finish = j.at("finish").get<std::string>();
   if (j.contains("error")) r.error = j.at("error").get<std::string>();
+  if (j.contains("text")) r.text = j.at("text").get<std::string>();
   return r;
 }
 
@@ -96,6 +97,7 @@ nlohmann::json accuracy_record_json(const AccuracyRecord& record, const std::vec
                       {"finish", record.finish}};
   if (tiered_spec(record.policy)) j["tiers"] = tier_counters_json(record.tiers, double(record.generated_tokens));
   if (!record.error.empty()) j["error"] = record.error;
+  if (record.text) j["text"] = *record.text;
   return j;
 }
 

@@ -84,9 +84,15 @@ record="$model.sha256"
 mkdir -p "$models"
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
-# The model's query statistics (for --kv-policy triattention) go beside it,
-# where the engine looks; a calibration of your own already there stays.
-place_query_stats() { cp -n "$root/data/query_stats/$model_file.qstats.json" "$models/"; }
+# The model's query statistics (for --kv-policy triattention) and steering
+# vector (skipkv's --kv-steer) go beside it, where the engine looks; a
+# calibration of your own already there stays.
+place_query_stats() {
+  cp -n "$root/data/query_stats/$model_file.qstats.json" "$models/"
+  if [ -f "$root/data/steering/$model_file.steer.json" ]; then
+    cp -n "$root/data/steering/$model_file.steer.json" "$models/"
+  fi
+}
 
 # --- already there? -----------------------------------------------------------
 if [ -f "$model" ] && [ -f "$record" ]; then

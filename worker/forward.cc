@@ -125,6 +125,8 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
     if (item.policy != nullptr) item.policy->begin_step(item.start_pos, int32_t(item.tokens.size()));
   }
 
+  const SteeredRows steered = steered_rows(batch, row0);
+
   // Embedding lookup.
   const cpu::WeightMatrix& embd = model_.token_embd();
   const size_t embd_row = row_bytes(embd.type, size_t(E));
@@ -235,6 +237,8 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
     matmul(w.w_down, down_in, T, tmp_.data());
     group_.all_reduce_sum(tmp_.data(), size_t(T * E));
     cpu::add_inplace(x_.data(), tmp_.data(), T * E);
+    apply_steering(steered, l, x_.data());
+    if (layer_output_hook_) layer_output_hook_(l, {x_.data(), size_t(T * E)});
   }
 
   // Final norm on the rows that need logits, then the output projection.

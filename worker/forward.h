@@ -77,6 +77,11 @@ class ForwardPass final : public ForwardBackend {
   // less than the sum of the policies' own CPU time.
   double eviction_seconds() const override { return eviction_seconds_; }
 
+  // Called after every layer with its output, the residual stream [rows][n_embd]
+  // of the pass's tokens in batch order (lazykv steer measures with it).
+  using LayerOutputHook = std::function<void(int layer, std::span<const float> x)>;
+  void set_layer_output_hook(LayerOutputHook hook) { layer_output_hook_ = std::move(hook); }
+
  private:
   void ensure_buffers(int64_t n_tokens, int64_t n_logit_rows, int32_t max_slots);
   void matmul(const cpu::WeightMatrix& w, const float* x, int64_t rows, float* y);
@@ -100,6 +105,7 @@ class ForwardPass final : public ForwardBackend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   double eviction_seconds_ = 0;
+  LayerOutputHook layer_output_hook_;
 };
 
 }  // namespace lazykv

@@ -69,6 +69,32 @@ void reserve_batch(std::span<const BatchItem> batch, KvCache& cache, TensorParal
   }
 }
 
+SteeredRows steered_rows(std::span<const BatchItem> batch, const std::vector<int64_t>& row0) {
+  SteeredRows steered;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchItem& item = batch[i];
+    if (item.policy == nullptr || item.policy->shape().steering == nullptr) continue;
+    const int32_t n_tok = int32_t(item.tokens.size());
+    const int32_t pos = item.start_pos + n_tok - 1;
+    if (pos < item.policy->shape().prompt_len) continue;
+    const float scale = item.policy->steering_scale(pos, item.tokens.back());
+    if (scale == 0.0f) continue;
+    steered.steering = item.policy->shape().steering.get();
+    steered.rows.emplace_back(row0[i] + n_tok - 1, scale);
+  }
+  return steered;
+}
+
+void apply_steering(const SteeredRows& steered, int layer, float* x) {
+  if (steered.rows.empty() || layer != steered.steering->layer) return;
+  const int64_t E = steered.steering->n_embd;
+  const float* v = steered.steering->vector.data();
+  for (const auto& [row, scale] : steered.rows) {
+    float* r = x + row * E;
+    for (int64_t d = 0; d < E; ++d) r[d] += scale * v[d];
+  }
+}
+
 bool wants_hidden(std::span<const BatchItem> batch) {
   return std::any_of(batch.begin(), batch.end(),
                      [](const BatchItem& item) { return item.policy != nullptr && item.policy->wants_hidden(); });

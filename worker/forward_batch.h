@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -13,6 +14,7 @@
 #include "worker/kv_cache.h"
 #include "worker/model_config.h"
 #include "worker/parallel/group.h"
+#include "worker/policy/steering.h"
 
 namespace lazykv {
 
@@ -41,6 +43,17 @@ struct HiddenRows {
   const float* rows = nullptr;
   int64_t dim = 0;
 };
+
+// The rows of a pass whose residual after the steering vector's layer gets
+// scale x vector (skipkv's activation steering; no rows: none).
+struct SteeredRows {
+  const SteeringVector* steering = nullptr;
+  std::vector<std::pair<int64_t, float>> rows;  // (row, scale)
+};
+// Asks each decode item's policy (before the pass: after begin_step).
+SteeredRows steered_rows(std::span<const BatchItem> batch, const std::vector<int64_t>& row0);
+// Adds the steering to x [rows][n_embd] when `layer` is the vector's.
+void apply_steering(const SteeredRows& steered, int layer, float* x);
 
 // True when an item's policy reads hidden states (the backend then has to
 // bring them to the host for end_policy_steps).

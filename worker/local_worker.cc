@@ -210,6 +210,10 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
 std::unique_ptr<EvictionPolicy> LocalWorker::make_sequence_policy(const SequenceStart& s) const {
   PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
   shape.resumed_tokens = s.generated;
+  if (options_.device == ComputeDevice::kCuda) {  // the CUDA pass has no steering step
+    shape.steering = nullptr;
+    shape.steering_missing = "activation steering runs on the CPU backend only (this worker runs on a GPU)";
+  }
   return make_policy(s.policy, shape);
 }
 

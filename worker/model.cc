@@ -146,21 +146,9 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   }
   m->finish();
   m->find_query_stats();
-  m->find_sentence_ends();
+  m->find_steering();
+  if (!m->tokenizer_.tokens.empty()) m->token_classes_ = classify_tokens(m->tokenizer_.tokens);
   return m;
-}
-
-void Model::find_sentence_ends() {
-  // Byte-level BPE writes a newline as U+010A ("\xC4\x8A"); other models
-  // would spell it "\n" or SentencePiece's "<0x0A>".
-  if (tokenizer_.tokens.empty()) return;
-  auto ends = std::make_shared<std::vector<uint8_t>>(tokenizer_.tokens.size(), 0);
-  for (size_t id = 0; id < tokenizer_.tokens.size(); ++id) {
-    const std::string& text = tokenizer_.tokens[id];
-    (*ends)[id] = text.find("\xC4\x8A") != std::string::npos || text.find('\n') != std::string::npos ||
-                  text == "<0x0A>";
-  }
-  sentence_ends_ = std::move(ends);
 }
 
 void Model::find_query_stats() {
@@ -181,6 +169,26 @@ void Model::find_query_stats() {
                                ? "no query statistics beside the model (" + file + "); `lazykv calibrate --model " +
                                      path_ + " --input TEXT` measures them"
                                : e.what();
+  }
+}
+
+void Model::find_steering() {
+  const std::string file = steering_path(path_);
+  try {
+    std::shared_ptr<const SteeringVector> steering = load_steering(file);
+    if (steering->n_layer != config_.n_layer || steering->n_embd != config_.n_embd) {
+      steering_missing_ = file + " does not match the model (" + std::to_string(steering->n_layer) + " layers, " +
+                          std::to_string(steering->n_embd) + " hidden units; the model has " +
+                          std::to_string(config_.n_layer) + ", " + std::to_string(config_.n_embd) + ")";
+      return;
+    }
+    steering_ = std::move(steering);
+    steering_missing_.clear();
+  } catch (const Error& e) {
+    steering_missing_ = e.code() == ErrorCode::kNotFound
+                            ? "no steering vector beside the model (" + file + "); `lazykv steer --model " + path_ +
+                                  " --input TEXT` measures one"
+                            : e.what();
   }
 }
 

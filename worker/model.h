@@ -14,6 +14,8 @@
 #include "worker/format/safetensors.h"
 #include "worker/model_config.h"
 #include "worker/policy/query_stats.h"
+#include "worker/policy/steering.h"
+#include "worker/policy/token_classes.h"
 
 namespace lazykv {
 
@@ -56,10 +58,15 @@ class Model {
   // query_stats_missing() (a bad file never stops the model from loading).
   std::shared_ptr<const QueryStats> query_stats() const { return query_stats_; }
   const std::string& query_stats_missing() const { return query_stats_missing_; }
-  // Per token id, 1 when its text holds a newline (a sentence end for
-  // skipkv); null when the model has no token texts (a Hugging Face
-  // directory, whose tokenizer.json the coordinator reads).
-  std::shared_ptr<const std::vector<uint8_t>> sentence_ends() const { return sentence_ends_; }
+  // What each token id marks in generated text (skipkv); null when the
+  // model has no token texts (a Hugging Face directory, whose
+  // tokenizer.json the coordinator reads).
+  std::shared_ptr<const TokenClasses> token_classes() const { return token_classes_; }
+  // The steering vector beside the model file (steering_path), checked
+  // against its shape; null when there is none, with the reason in
+  // steering_missing() (a bad file never stops the model from loading).
+  std::shared_ptr<const SteeringVector> steering() const { return steering_; }
+  const std::string& steering_missing() const { return steering_missing_; }
   size_t weight_bytes() const { return weight_bytes_; }
   // Bytes of weights a decode step reads: every layer's matrices and the
   // output projection (the token embedding is read one row per token).
@@ -71,7 +78,7 @@ class Model {
   void load_hf(const std::string& dir);
   void finish();
   void find_query_stats();  // after finish(): fills query_stats_ or query_stats_missing_
-  void find_sentence_ends();
+  void find_steering();     // after finish(): fills steering_ or steering_missing_
   const float* keep_f32(std::vector<float> values);
 
   std::string path_;
@@ -87,7 +94,9 @@ class Model {
   RopeTable rope_;
   std::shared_ptr<const QueryStats> query_stats_;
   std::string query_stats_missing_ = "no query statistics for a model made in memory";
-  std::shared_ptr<const std::vector<uint8_t>> sentence_ends_;
+  std::shared_ptr<const TokenClasses> token_classes_;
+  std::shared_ptr<const SteeringVector> steering_;
+  std::string steering_missing_ = "no steering vector for a model made in memory";
   size_t weight_bytes_ = 0;
   size_t decode_weight_bytes_ = 0;
 };

@@ -57,7 +57,7 @@ DEFAULTS = {
     "triattention": {"budget": 512, "period": 128, "keep_prompt": 1},
     "laq": {"budget": 512, "lookahead": 8, "recent": 8, "window": 32, "kernel": 7, "period": 128, "keep_prompt": 0},
     "skipkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1, "tau": 0.95, "penalty": 1.0,
-               "min_sentence": 4, "max_sentence": 256, "keep_prompt": 0},
+               "min_sentence": 4, "max_sentence": 256, "steer": 0, "steer_step": 0.25, "steer_max": 2, "keep_prompt": 0},
 }
 RKV_LIKE = ("rkv", "skipkv")
 

@@ -112,7 +112,7 @@ expect_exit 0 "help" "$lazykv" generate --help
 expect_in "$tmp/out" "--max-tokens" "help lists flags"
 expect_in "$tmp/out" "KV eviction policy: full, lazy, lazy+tiers, streaming, h2o, tova, snapkv, rkv, raas, caote, obcache" \
   "help lists every policy of the catalog"
-expect_in "$tmp/out" "snapkv, rkv: observation window" "a shared policy flag says what each policy means by it"
+expect_in "$tmp/out" "snapkv, rkv, skipkv: observation window" "a shared policy flag says what each policy means by it"
 
 # lazykv eval: a tiny accuracy run on the GSM8K fixtures and a tiny fidelity
 # run; both write JSON with the documented fields and a PNG plot.
@@ -228,6 +228,26 @@ expect_in "$tmp/err" "accumulate" "obcache accumulate range named"
 # A policy this model cannot run (no query statistics beside this copy) is
 # refused when the server starts, not on the first request.
 ln -s "$model" "$tmp/no-stats.gguf"
+# skipkv's activation steering: lazykv steer measures a vector over a text of
+# thoughts (blank lines between them, one re-checking) and writes it where the
+# model finds it; generate steers with it; without one, steer > 0 is refused.
+ln -s "$model" "$tmp/steered.gguf"
+printf 'First add the apples: 3 + 4 = 7.\n\nThen double them: 7 * 2 = 14.\n\nWait, let me check: 7 * 2 is 14.\n\nSo the answer is 14.\n\n' \
+  > "$tmp/thoughts.txt"
+expect_exit 0 "steer measures a vector" "$lazykv" steer --model "$tmp/steered.gguf" --input "$tmp/thoughts.txt"
+expect_in "$tmp/out" '"reflection_thoughts":1' "steer counts the thought that re-checks"
+expect_in "$tmp/steered.gguf.steer.json" '"format":"lazykv-steering"' "steer writes the vector beside the model"
+expect_exit 0 "generate with skipkv steering" "$lazykv" generate --model "$tmp/steered.gguf" --chat \
+  --prompt "Add 3 and 4, then double it. Reason in short steps, a blank line between them." --max-tokens 80 \
+  --kv-policy skipkv --kv-budget 48 --kv-window 8 --kv-period 16 --kv-steer 1
+expect_in "$tmp/err" "kv policy skipkv(" "skipkv policy summary"
+expect_exit 2 "skipkv steering without a vector" "$lazykv" generate --model "$tmp/no-stats.gguf" --prompt hi \
+  --kv-policy skipkv --kv-steer 1
+expect_in "$tmp/err" "lazykv steer --model" "it says how to measure one"
+printf 'First add: 3 + 4 = 7.\n\nThen double: 14.\n\n' > "$tmp/no-reflection.txt"
+expect_exit 2 "steer without a thought that re-checks" "$lazykv" steer --model "$tmp/steered.gguf" \
+  --input "$tmp/no-reflection.txt" --output "$tmp/none.json"
+expect_in "$tmp/err" "both kinds are needed" "steer says what the text lacks"
 expect_exit 2 "serve a policy the model cannot run" timeout 60 "$lazykv" serve --model "$tmp/no-stats.gguf" \
   --kv-policy triattention --port 0
 expect_in "$tmp/err" "--kv-policy triattention cannot run on this model" "the policy the model cannot run is named"

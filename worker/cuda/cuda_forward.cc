@@ -925,6 +925,10 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
                       "; new positions must follow the cached ones");
     }
   }
+  if (!steered_rows(batch, rows.row0).rows.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "forward (cuda): skipkv's activation steering (steer > 0) runs on the CPU backend only");
+  }
   reserve_batch(batch, cache, group, [&] { prepare(pu, rows); });
   // Nothing below allocates before the appends, so policies and cache stay in step.
   for (const BatchItem& item : batch) {

@@ -32,7 +32,9 @@ PolicyShape policy_shape(const Model& model, int32_t prompt_len, int32_t max_len
   shape.rope_inv_freq = model.rope().inv_freq;
   shape.query_stats = model.query_stats();
   shape.query_stats_missing = model.query_stats_missing();
-  shape.sentence_ends = model.sentence_ends();
+  shape.token_classes = model.token_classes();
+  shape.steering = model.steering();
+  shape.steering_missing = model.steering_missing();
   return shape;
 }
 
@@ -197,6 +199,8 @@ void EvictionPolicy::draft_slots(int layer, int head, const KvCache& cache, SeqI
 }
 
 void EvictionPolicy::observe_token(int32_t, int32_t, std::span<const float>) {}
+
+float EvictionPolicy::steering_scale(int32_t, int32_t) { return 0.0f; }
 
 void EvictionPolicy::end_draft(const DraftQueries&, KvCache&, SeqId) {}
 

@@ -26,6 +26,8 @@
 #include "kernels/cpu/ops.h"
 #include "worker/kv_cache.h"
 #include "worker/policy/query_stats.h"
+#include "worker/policy/steering.h"
+#include "worker/policy/token_classes.h"
 
 namespace lazykv {
 
@@ -53,10 +55,12 @@ struct PolicyShape {
   std::shared_ptr<const QueryStats> query_stats;
   std::string query_stats_missing;
   int kv_head_offset = 0;
-  // For policies that evict whole sentences (skipkv): per token id, 1 when
-  // the token's text ends a sentence (it holds a newline); null when the
-  // model carries no token texts.
-  std::shared_ptr<const std::vector<uint8_t>> sentence_ends;
+  // For policies that read the text's structure (skipkv): what each token id
+  // marks (TokenClass bits); null when the model carries no token texts.
+  std::shared_ptr<const TokenClasses> token_classes;
+  // skipkv's steering vector (null: none, and why).
+  std::shared_ptr<const SteeringVector> steering;
+  std::string steering_missing;
 };
 
 struct ModelConfig;
@@ -153,6 +157,11 @@ class EvictionPolicy {
   virtual bool wants_hidden() const { return false; }
   // token: the id at pos (a generated position); hidden: its [n_embd] row.
   virtual void observe_token(int32_t pos, int32_t token, std::span<const float> hidden);
+
+  // --- activation steering (skipkv) ---
+  // The scale of shape().steering's vector to add to the residual after its
+  // layer for the decode token at pos (0: none). Asked before the pass.
+  virtual float steering_scale(int32_t pos, int32_t token);
 
   // --- draft (laq) ---
   // The draft tokens the policy waits for before it compacts (0: none). A

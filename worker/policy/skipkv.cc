@@ -6,6 +6,11 @@
 // tracked sentence whose embedding has cosine >= tau with it is redundant:
 // its penalty is the largest such cosine.
 //
+// With steer > 0, activation steering (SkipKV's, after SEAL): at each decode
+// token that ends a thought (a blank line), the model's steering vector times
+// min(steer_max, steer + steer_step x the thoughts so far that held a
+// reflection word) is added to the residual after the vector's layer.
+//
 // Compression runs when R-KV's does (rkv.h), per KV head: the older slots'
 // R-KV scores, less penalty x the slot's sentence penalty, are averaged over
 // each closed sentence's slots; the lowest sentences leave whole (ties: the
@@ -36,8 +41,19 @@ class SkipKvPolicy final : public RkvPolicy {
         penalty_weight_(float(config.get("penalty"))),
         min_sentence_(config.get_int("min_sentence")),
         max_sentence_(config.get_int("max_sentence")),
-        sentence_ends_(shape.sentence_ends),
+        token_classes_(shape.token_classes),
+        steer_(float(config.get("steer"))),
+        steer_step_(float(config.get("steer_step"))),
+        steer_max_(float(config.get("steer_max"))),
         open_first_(shape.prompt_len) {}
+
+  float steering_scale(int32_t pos, int32_t token) override {
+    if (steer_ == 0.0f || pos < prompt_len() || !thought_has_text_ ||
+        !ends_thought(last_bits_, token_class(*token_classes_, token))) {
+      return 0.0f;
+    }
+    return std::min(steer_max_, steer_ + steer_step_ * float(reflection_thoughts_));
+  }
 
   bool wants_hidden() const override { return true; }
 
@@ -49,8 +65,16 @@ class SkipKvPolicy final : public RkvPolicy {
                                             " values after " + std::to_string(open_sum_.size()));
     }
     for (size_t d = 0; d < hidden.size(); ++d) open_sum_[d] += double(hidden[d]);
+    const uint8_t bits = token_class(*token_classes_, token);
+    thought_reflects_ = thought_reflects_ || (bits & kReflection);
+    if (thought_has_text_ && ends_thought(last_bits_, bits)) {
+      reflection_thoughts_ += thought_reflects_;
+      thought_reflects_ = thought_has_text_ = false;
+    }
+    thought_has_text_ = thought_has_text_ || !(bits & kSentenceEnd);
+    last_bits_ = bits;
     const int32_t length = pos + 1 - open_first_;
-    const bool at_end = token >= 0 && size_t(token) < sentence_ends_->size() && (*sentence_ends_)[size_t(token)] != 0;
+    const bool at_end = (bits & kSentenceEnd) != 0;
     if ((at_end && length >= min_sentence_) || length >= max_sentence_) close_sentence(pos + 1);
   }
 
@@ -154,20 +178,27 @@ class SkipKvPolicy final : public RkvPolicy {
   double tau_;
   float penalty_weight_;
   int32_t min_sentence_, max_sentence_;
-  std::shared_ptr<const std::vector<uint8_t>> sentence_ends_;
+  std::shared_ptr<const TokenClasses> token_classes_;
   // Closed sentences cover [prompt_len, open_first_): sentence i ends before
   // sentence_ends_at_[i]; the open one starts at open_first_.
   std::vector<int32_t> sentence_ends_at_;
   std::vector<float> penalties_;
   std::deque<std::pair<int32_t, std::vector<float>>> tracked_;  // (sentence, unit embedding)
+  float steer_, steer_step_, steer_max_;
   int32_t open_first_;
   std::vector<double> open_sum_;
+  // Thoughts (text between blank lines) so far that held a reflection word,
+  // and whether the current one does.
+  int32_t reflection_thoughts_ = 0;
+  bool thought_reflects_ = false;
+  bool thought_has_text_ = false;  // a token without a newline since the last thought ended
+  uint8_t last_bits_ = 0;          // the class of the last token observed
 };
 
 }  // namespace
 
 std::string skipkv_unavailable(const PolicyShape& shape) {
-  return shape.sentence_ends ? std::string()
+  return shape.token_classes ? std::string()
                              : "the model carries no token texts to find sentence ends in (a Hugging Face "
                                "directory; use its GGUF file)";
 }
@@ -175,6 +206,11 @@ std::string skipkv_unavailable(const PolicyShape& shape) {
 std::unique_ptr<EvictionPolicy> make_skipkv_policy(const PolicyConfig& config, const PolicyShape& shape) {
   if (std::string why = skipkv_unavailable(shape); !why.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "policy skipkv: " + why);
+  }
+  if (config.get("steer") > 0 && shape.steering == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "policy skipkv: steer > 0 needs the model's steering vector: " +
+                                                 (shape.steering_missing.empty() ? std::string("none given")
+                                                                                 : shape.steering_missing));
   }
   return std::make_unique<SkipKvPolicy>(config, shape);
 }

@@ -63,7 +63,7 @@ PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, i
   }
   for (int f = 0; f < D / 2; ++f) shape.rope_inv_freq.push_back(float(1.0 / std::pow(theta, 2.0 * f / D)));
   // Token ids that end a sentence (skipkv); none when absent.
-  auto table = std::make_shared<std::vector<uint8_t>>();
+  auto table = std::make_shared<TokenClasses>();
   if (trace.contains("sentence_ends")) {
     const nlohmann::json& ends = trace["sentence_ends"];
     if (!ends.is_array()) bad("\"sentence_ends\" must be an array of token ids");
@@ -72,10 +72,10 @@ PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, i
         bad("\"sentence_ends\" holds token ids in [0, 65536)");
       }
       table->resize(std::max(table->size(), size_t(id.get<int64_t>()) + 1), 0);
-      (*table)[size_t(id.get<int64_t>())] = 1;
+      (*table)[size_t(id.get<int64_t>())] = kSentenceEnd;
     }
   }
-  shape.sentence_ends = std::move(table);
+  shape.token_classes = std::move(table);
   if (trace.contains("query_stats")) {
     shape.query_stats = std::make_shared<const QueryStats>(query_stats_from_json(trace["query_stats"]));
   } else {

@@ -453,7 +453,7 @@ TEST(PolicyForward, HiddenStatesAreTheRowsBehindTheLogits) {
 // except for at most one sentence per head, the one that crossed the line.
 TEST(PolicyForward, SkipKvEvictsWholeSentences) {
   const Model& m = tiny_model();
-  ASSERT_NE(m.sentence_ends(), nullptr);
+  ASSERT_NE(m.token_classes(), nullptr);
   const PolicyConfig c = config("skipkv", {{"budget", "16"}, {"window", "4"}, {"kernel", "3"}, {"period", "8"},
                                            {"min_sentence", "4096"}, {"max_sentence", "5"}, {"tau", "0.3"}});
   Session s(m, &c, kPrompt);
