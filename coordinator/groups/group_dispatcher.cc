@@ -19,8 +19,9 @@ std::vector<uint64_t> token_prefix_keys(const std::vector<int32_t>& prompt) {
 
 void check_same_model(const WorkerInfo& first, const WorkerInfo& other, size_t g) {
   if (other.n_ctx == first.n_ctx && other.n_vocab == first.n_vocab &&
-      other.kv_bytes_per_token == first.kv_bytes_per_token && other.page_slots == first.page_slots &&
-      other.n_layer == first.n_layer && other.n_head_kv == first.n_head_kv &&
+      other.kv_bytes_per_token == first.kv_bytes_per_token && other.kv_page_bytes == first.kv_page_bytes &&
+      other.page_slots == first.page_slots && other.n_layer == first.n_layer && other.n_head_kv == first.n_head_kv &&
+      other.n_group == first.n_group &&
       other.unavailable_policies == first.unavailable_policies) {
     return;
   }
