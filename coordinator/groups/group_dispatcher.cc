@@ -121,13 +121,25 @@ std::vector<int> GroupDispatcher::others_by_load(int except) {
 }
 
 bool GroupDispatcher::hand_over(int from, UnstartedSequence& s) {
-  for (const int g : others_by_load(from)) {
+  // Under the lock a cancel takes first: either it came before (the sequence
+  // stays, and its own scheduler finishes it as cancelled) or it reaches the
+  // new scheduler after the adoption.
+  std::lock_guard lock(mutex_);
+  if (recent_cancels_.contains(s.id)) return false;
+  for (const int g : by_load_locked(from)) {
     if (schedulers_[size_t(g)]->adopt(s)) return true;
   }
   return false;
 }
 
 void GroupDispatcher::cancel(uint64_t id) {
+  constexpr size_t kRecentCancels = 4096;
+  std::lock_guard lock(mutex_);
+  if (recent_cancels_.insert(id).second) cancel_order_.push_back(id);
+  if (cancel_order_.size() > kRecentCancels) {
+    recent_cancels_.erase(cancel_order_.front());
+    cancel_order_.pop_front();
+  }
   for (auto& s : schedulers_) s->cancel(id);
 }
 

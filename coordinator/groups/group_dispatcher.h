@@ -14,9 +14,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "common/metrics/registry.h"
@@ -70,9 +72,13 @@ class GroupDispatcher final : public SequenceQueue {
   GroupDispatcherOptions options_;
   WorkerInfo info_;
   std::vector<std::unique_ptr<Scheduler>> schedulers_;
-  std::mutex mutex_;  // guards affinity_ and rotation_
+  std::mutex mutex_;  // guards affinity_, rotation_ and the cancels; held across a hand-over
   router::PrefixAffinity affinity_;
   int rotation_ = 0;  // where ties start, so equal loads go round the groups
+  // The latest cancelled ids (at most kRecentCancels), so a sequence
+  // cancelled while it moves between groups does not start on the new one.
+  std::unordered_set<uint64_t> recent_cancels_;
+  std::deque<uint64_t> cancel_order_;
 };
 
 }  // namespace lazykv
