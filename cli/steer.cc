@@ -21,6 +21,7 @@ int run_steer(const std::vector<std::string>& args) {
   flags.add("model", "default", "model: default, a GGUF file or a Hugging Face directory")
       .add("input", "", "reasoning text, thoughts separated by blank lines (scripts/make_steering_vector.sh makes one)")
       .add("layer", "-1", "add the vector after this layer (0-based; -1: 70% of the way up, SEAL's choice)")
+      .add("min-thoughts", "8", "refuse a text with fewer thoughts of either kind (a mean of fewer is noise)")
       .add("max-tokens", "16384", "use at most this many tokens of the text (and at most the training context)")
       .add("output", "", "where to write the vector (default: <model file>.steer.json, where it is found)")
       .add("threads", "0", "worker threads (0: all cores)");
@@ -35,7 +36,7 @@ int run_steer(const std::vector<std::string>& args) {
   const std::vector<int32_t> tokens = text_file_tokens(m, flags.get("input"), flags.get_int("max-tokens"), "steer");
   ThreadPool pool(int(flags.get_int("threads")));
   const auto t0 = std::chrono::steady_clock::now();
-  const SteeringVector steering = measure_steering(*m.model, tokens, layer, pool);
+  const SteeringVector steering = measure_steering(*m.model, tokens, layer, pool, flags.get_int("min-thoughts"));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const std::string output = flags.get("output").empty() ? steering_path(m.model->path()) : flags.get("output");

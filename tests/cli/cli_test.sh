@@ -234,7 +234,8 @@ ln -s "$model" "$tmp/no-stats.gguf"
 ln -s "$model" "$tmp/steered.gguf"
 printf 'First add the apples: 3 + 4 = 7.\n\nThen double them: 7 * 2 = 14.\n\nWait, let me check: 7 * 2 is 14.\n\nSo the answer is 14.\n\n' \
   > "$tmp/thoughts.txt"
-expect_exit 0 "steer measures a vector" "$lazykv" steer --model "$tmp/steered.gguf" --input "$tmp/thoughts.txt"
+expect_exit 0 "steer measures a vector" "$lazykv" steer --model "$tmp/steered.gguf" --input "$tmp/thoughts.txt" \
+  --min-thoughts 1
 expect_in "$tmp/out" '"reflection_thoughts":1' "steer counts the thought that re-checks"
 expect_in "$tmp/steered.gguf.steer.json" '"format":"lazykv-steering"' "steer writes the vector beside the model"
 expect_exit 0 "generate with skipkv steering" "$lazykv" generate --model "$tmp/steered.gguf" --chat \
@@ -247,7 +248,7 @@ expect_in "$tmp/err" "lazykv steer --model" "it says how to measure one"
 printf 'First add: 3 + 4 = 7.\n\nThen double: 14.\n\n' > "$tmp/no-reflection.txt"
 expect_exit 2 "steer without a thought that re-checks" "$lazykv" steer --model "$tmp/steered.gguf" \
   --input "$tmp/no-reflection.txt" --output "$tmp/none.json"
-expect_in "$tmp/err" "both kinds are needed" "steer says what the text lacks"
+expect_in "$tmp/err" "at least 8 of each kind are needed" "steer says what the text lacks"
 expect_exit 2 "serve a policy the model cannot run" timeout 60 "$lazykv" serve --model "$tmp/no-stats.gguf" \
   --kv-policy triattention --port 0
 expect_in "$tmp/err" "--kv-policy triattention cannot run on this model" "the policy the model cannot run is named"

@@ -1,5 +1,6 @@
 #include "worker/policy/steering_measure.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -11,7 +12,7 @@
 namespace lazykv {
 
 SteeringVector measure_steering(const Model& model, std::span<const int32_t> tokens, int layer, ThreadPool& pool,
-                                int32_t chunk) {
+                                int64_t min_thoughts, int32_t chunk) {
   const ModelConfig& c = model.config();
   if (model.token_classes() == nullptr) {
     throw Error(ErrorCode::kInvalidArgument, "steer: the model carries no token texts to find thoughts in");
@@ -55,11 +56,12 @@ SteeringVector measure_steering(const Model& model, std::span<const int32_t> tok
       reflects = has_text = false;
     }
   }
-  if (count[0] == 0 || count[1] == 0) {
+  if (count[0] < std::max<int64_t>(min_thoughts, 1) || count[1] < std::max<int64_t>(min_thoughts, 1)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "steer: the text holds " + std::to_string(count[0]) + " execution and " + std::to_string(count[1]) +
                     " reflection thoughts (blank-line separated; a reflection thought holds a word such as "
-                    "\"wait\" or \"verify\"); both kinds are needed");
+                    "\"wait\" or \"verify\"); at least " + std::to_string(std::max<int64_t>(min_thoughts, 1)) +
+                    " of each kind are needed");
   }
   SteeringVector s;
   s.model = std::filesystem::path(model.path()).filename().string();

@@ -16,8 +16,8 @@ namespace lazykv {
 
 // tokens: at most the model's training context; layer in [0, n_layer).
 // Throws Error(kInvalidArgument) when the model has no token texts, or when
-// the text holds no thought of either kind.
+// the text holds fewer than min_thoughts thoughts of either kind.
 SteeringVector measure_steering(const Model& model, std::span<const int32_t> tokens, int layer, ThreadPool& pool,
-                                int32_t chunk = 256);
+                                int64_t min_thoughts = 1, int32_t chunk = 256);
 
 }  // namespace lazykv

@@ -228,6 +228,7 @@ TEST_F(SteeringTest, MeasuringNeedsThoughtsOfBothKinds) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("2 execution and 0 reflection thoughts"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at least 1 of each kind"), std::string::npos) << e.what();
   }
   EXPECT_THROW(measure_steering(*model, text, spec_.n_layer, pool), Error);
 }
