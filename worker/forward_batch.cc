@@ -112,7 +112,7 @@ void observe_hidden(std::span<const BatchItem> batch, HiddenRows hidden) {
     if (item.policy == nullptr || !item.policy->wants_hidden()) continue;
     const int32_t pos = item.start_pos + int32_t(n_tok) - 1;
     if (pos < item.policy->shape().prompt_len) continue;
-    if (hidden.rows == nullptr) throw Error(ErrorCode::kInternal, "forward: a policy wants hidden states the backend kept");
+    if (hidden.rows == nullptr) throw Error(ErrorCode::kInternal, "forward: a policy wants hidden states the backend did not keep");
     item.policy->observe_token(pos, item.tokens.back(),
                                {hidden.rows + (row - 1) * hidden.dim, size_t(hidden.dim)});
   }

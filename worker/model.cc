@@ -147,7 +147,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   m->finish();
   m->find_query_stats();
   m->find_steering();
-  if (!m->tokenizer_.tokens.empty()) m->token_classes_ = classify_tokens(m->tokenizer_.tokens);
+  if (!m->tokenizer_.tokens.empty()) m->token_classes_ = classify_tokens(m->tokenizer_.tokens, m->tokenizer_.model == "gpt2");
   return m;
 }
 

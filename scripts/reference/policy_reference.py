@@ -204,8 +204,10 @@ class Sentences:
             start = max(0, len(self.emb) - 256)
             for j in range(start, len(self.emb)):
                 c = float(np.dot(self.emb[j].astype(np.float64), v.astype(np.float64)))
-                if near(c, self.p["tau"], rel=0, abs_tol=1e-4):
-                    raise Ambiguous("sentence cosine within 1e-4 of tau")
+                # Both sides compute the cosine in double from the same float32
+                # embeddings: only summation order differs.
+                if near(c, self.p["tau"], rel=0, abs_tol=1e-6):
+                    raise Ambiguous("sentence cosine within 1e-6 of tau")
                 if c >= self.p["tau"]:
                     self.penalty[j] = max(self.penalty[j], F32(c))
             self.emb.append(v)
@@ -991,10 +993,13 @@ def cases():
             "min_sentence": 2, "max_sentence": 6}
     redundant = lambda r, e: any(pen > 0 for pen in r.sentences.penalty)
     add("skipkv_random1", generate(1500, skip, 8, 70, accept=redundant), 8)
-    add("skipkv_random2", generate(1510, dict(skip, budget=14, window=4, kernel=5, period=6, penalty=0.002,
+    add("skipkv_random2", generate(1510, dict(skip, budget=14, window=4, kernel=5, period=6, penalty=0.05,
                                               **{"lambda": 0.6}), 12, 80, prompt_queries=True, accept=redundant), 8)
     add("skipkv_keep_prompt", generate(1520, dict(skip, budget=16, keep_prompt=1, tau=0.8), 6, 70,
                                        prompt_queries=True, accept=redundant), 8)
+    # A sentence per token, past the 256 whose embeddings stay compared.
+    add("skipkv_many_sentences", generate(1540, dict(skip, max_sentence=1, tau=0.5, budget=16, window=3), 6, 290,
+                                          accept=lambda r, e: len(r.sentences.emb) > 256), 20)
     # No sentence ever ends: single slots only, R-KV's ranking.
     add("skipkv_no_sentences", generate(1530, dict(skip, min_sentence=4096, max_sentence=4096), 8, 50), 5)
     return out

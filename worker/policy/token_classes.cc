@@ -14,19 +14,19 @@ namespace {
 constexpr std::array<std::string_view, 9> kReflectionWords = {
     "wait", "hmm", "verify", "recheck", "double-check", "alternatively", "reconsider", "mistake", "oops"};
 
-// The token's text with byte-level BPE's newline (U+010A) and space (U+0120),
-// SentencePiece's space (U+2581) and newline byte token written plainly.
-std::string plain_text(std::string_view text) {
-  if (text == "<0x0A>") return "\n";
+// The token's text written plainly: byte-level BPE's newline (U+010A) and
+// space (U+0120), or SentencePiece's space (U+2581) and newline byte token.
+std::string plain_text(std::string_view text, bool byte_level) {
+  if (!byte_level && text == "<0x0A>") return "\n";
   std::string out;
   for (size_t i = 0; i < text.size();) {
-    if (text.compare(i, 2, "\xC4\x8A") == 0) {
+    if (byte_level && text.compare(i, 2, "\xC4\x8A") == 0) {
       out += '\n';
       i += 2;
-    } else if (text.compare(i, 2, "\xC4\xA0") == 0) {
+    } else if (byte_level && text.compare(i, 2, "\xC4\xA0") == 0) {
       out += ' ';
       i += 2;
-    } else if (text.compare(i, 3, "\xE2\x96\x81") == 0) {
+    } else if (!byte_level && text.compare(i, 3, "\xE2\x96\x81") == 0) {
       out += ' ';
       i += 3;
     } else {
@@ -44,10 +44,10 @@ bool reflection_word(std::string word) {
 
 }  // namespace
 
-std::shared_ptr<const TokenClasses> classify_tokens(const std::vector<std::string>& tokens) {
+std::shared_ptr<const TokenClasses> classify_tokens(const std::vector<std::string>& tokens, bool byte_level) {
   auto classes = std::make_shared<TokenClasses>(tokens.size(), 0);
   for (size_t id = 0; id < tokens.size(); ++id) {
-    const std::string text = plain_text(tokens[id]);
+    const std::string text = plain_text(tokens[id], byte_level);
     uint8_t bits = 0;
     if (text.find('\n') != std::string::npos) bits |= kSentenceEnd;
     if (text.find("\n\n") != std::string::npos) bits |= kBlankLine;

@@ -22,10 +22,10 @@ enum TokenClass : uint8_t {
 // Per token id, an OR of TokenClass bits.
 using TokenClasses = std::vector<uint8_t>;
 
-// From the vocabulary's token texts: byte-level BPE text (a newline written
-// U+010A, a leading space U+0120), plain text, or SentencePiece byte tokens
-// ("<0x0A>").
-std::shared_ptr<const TokenClasses> classify_tokens(const std::vector<std::string>& tokens);
+// From the vocabulary's token texts: byte-level BPE (byte_level: a newline
+// written U+010A, a space U+0120), else SentencePiece (a space U+2581, a
+// newline the byte token "<0x0A>") or plain text.
+std::shared_ptr<const TokenClasses> classify_tokens(const std::vector<std::string>& tokens, bool byte_level);
 
 // The bits of one token (0 for an id past the table).
 inline uint8_t token_class(const TokenClasses& classes, int32_t token) {

@@ -214,6 +214,9 @@ TEST_F(CudaForwardTest, EvictingPoliciesMatchTheCpuPass) {
       make_policy_config("caote", {{"budget", "24"}, {"recent", "8"}}),
       make_policy_config("obcache", {{"budget", "24"}, {"recent", "8"}}),
       make_policy_config("streaming", {{"budget", "24"}}),
+      // Its sentences' penalties come from the hidden rows the pass downloads.
+      make_policy_config("skipkv", {{"budget", "24"}, {"window", "4"}, {"period", "16"}, {"max_sentence", "5"},
+                                    {"tau", "0.5"}}),
   };
   const auto prompt = prompt_of(40, 6);
   for (const PolicyConfig& policy : policies) {

@@ -32,7 +32,7 @@ TEST(TokenClasses, NewlinesBlankLinesAndReflectionWords) {
   const std::vector<std::string> vocab = {"Hello", "\xC4\x8A", ".\xC4\x8A", "\xC4\x8A\xC4\x8A", ")\xC4\x8A\xC4\x8A",
                                           "Wait", "\xC4\xA0wait", "\xC4\xA0verify", "\xC4\xA0waiting", "\n\n",
                                           "<0x0A>", "\xC4\xA0" "Alternatively", "\xC4\x8A\xC4\xA0\xC4\xA0"};
-  const std::shared_ptr<const TokenClasses> c = classify_tokens(vocab);
+  const std::shared_ptr<const TokenClasses> c = classify_tokens(vocab, true);
   ASSERT_EQ(c->size(), vocab.size());
   constexpr uint8_t kLine = kSentenceEnd | kLeadingNewline | kTrailingNewline;
   const std::vector<uint8_t> want = {0,
@@ -45,7 +45,7 @@ TEST(TokenClasses, NewlinesBlankLinesAndReflectionWords) {
                                      kReflection,
                                      0,
                                      kLine | kBlankLine,
-                                     kLine,
+                                     0,  // a SentencePiece byte token, not byte-level text
                                      kReflection,
                                      kSentenceEnd | kLeadingNewline};
   for (size_t id = 0; id < vocab.size(); ++id) EXPECT_EQ(int((*c)[id]), int(want[id])) << "token " << id;
@@ -57,6 +57,15 @@ TEST(TokenClasses, NewlinesBlankLinesAndReflectionWords) {
   EXPECT_TRUE(ends_thought((*c)[1], (*c)[12]));  // "\n" then "\n  "
   EXPECT_FALSE(ends_thought((*c)[0], (*c)[1]));  // "Hello" then "\n"
   EXPECT_FALSE(ends_thought((*c)[2], (*c)[0]));  // ".\n" then "Hello"
+
+  // SentencePiece: "<0x0A>" is a newline, U+2581 a space, and U+010A is a
+  // letter (Maltese), not a newline.
+  const std::shared_ptr<const TokenClasses> sp =
+      classify_tokens({"<0x0A>", "\xE2\x96\x81Wait", "\xC4\x8A", "\xE2\x96\x81the"}, false);
+  EXPECT_EQ(int((*sp)[0]), int(kSentenceEnd | kLeadingNewline | kTrailingNewline));
+  EXPECT_EQ(int((*sp)[1]), int(kReflection));
+  EXPECT_EQ(int((*sp)[2]), 0);
+  EXPECT_EQ(int((*sp)[3]), 0);
 }
 
 class SteeringTest : public ::testing::Test {
