@@ -209,6 +209,13 @@ const std::vector<PolicyInfo>& policy_catalog() {
        {"window"},
        {"kernel"},
        "window"},
+      {"trimkv",
+       "TRIM-KV: each token's retention rate per KV head from a learned gate on its layer input, decayed since "
+       "it was written; the highest retention stays (needs the model's gates: scripts/train_trimkv.sh)",
+       {budget_param(),
+        {"period", 1, 1, kMaxSlots, true, "compress when a KV head holds budget + period slots (prefill included)"},
+        keep_prompt_param(0)},
+       {}, {}, ""},
   };
   return catalog;
 }

@@ -18,10 +18,11 @@ struct CompactionRule {
     kWindow,          // lazy, lazy+tiers: decode steps t with t % window == 0
     kWindowMultiple,  // vase: decode steps leaving more than C slots and a multiple of window
     kRaas,            // raas: every decode step; the prompt stays, at least one decode slot does
-    kThreshold,       // triattention: decode steps leaving C + period slots
+    kThreshold,       // triattention: decode steps leaving C + period slots; trimkv: any pass
   } kind = kNever;
   int32_t budget = 0, every = 0;
   bool keep_prompt = false;
+  bool prefill = false;  // kThreshold: the prefill compacts too
 
   explicit CompactionRule(const PolicyConfig& c) : budget(c.budget()) {
     const std::string& name = c.name;
@@ -40,10 +41,11 @@ struct CompactionRule {
       every = c.get_int("window");
     } else if (name == "raas") {
       kind = kRaas;
-    } else if (name == "triattention") {
+    } else if (name == "triattention" || name == "trimkv") {
       kind = kThreshold;
       every = c.get_int("period");
       keep_prompt = c.get_int("keep_prompt") != 0;
+      prefill = name == "trimkv";
     } else {
       throw Error(ErrorCode::kInternal, "no KV occupancy model for policy " + name);
     }
@@ -69,7 +71,7 @@ struct CompactionRule {
         return n - prompt_len > decode_kept ? prompt_len + decode_kept : n;
       }
       case kThreshold: {
-        if (t == 0 || n < budget + every) return n;
+        if ((t == 0 && !prefill) || n < budget + every) return n;
         const int32_t kept_prompt = keep_prompt ? std::min(prompt_len, n) : 0;
         const int32_t scored = std::max(budget - kept_prompt, 0);
         return n - kept_prompt > scored ? kept_prompt + scored : n;

@@ -84,14 +84,15 @@ record="$model.sha256"
 mkdir -p "$models"
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
-# The model's query statistics (for --kv-policy triattention) and steering
-# vector (skipkv's --kv-steer) go beside it, where the engine looks; a
-# calibration of your own already there stays.
+# The model's query statistics (for --kv-policy triattention), steering
+# vector (skipkv's --kv-steer) and retention gates (--kv-policy trimkv) go
+# beside it, where the engine looks; a calibration of your own already there stays.
 place_query_stats() {
   cp -n "$root/data/query_stats/$model_file.qstats.json" "$models/"
-  if [ -f "$root/data/steering/$model_file.steer.json" ]; then
-    cp -n "$root/data/steering/$model_file.steer.json" "$models/"
-  fi
+  local file
+  for file in "steering/$model_file.steer.json" "trimkv/$model_file.trimkv.safetensors"; do
+    if [ -f "$root/data/$file" ]; then cp -n "$root/data/$file" "$models/"; fi
+  done
 }
 
 # --- already there? -----------------------------------------------------------

@@ -72,12 +72,15 @@ if [ ! -f "$stamp" ] || [ "$model" -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
-# Its query statistics (for --kv-policy triattention) and steering vector
-# (skipkv's --kv-steer), where the engine looks for them: beside the model
-# file. Made by the commands in docs/policies.md; a calibration of your own
-# that is already there is left alone.
+# Its query statistics (for --kv-policy triattention), steering vector
+# (skipkv's --kv-steer) and retention gates (--kv-policy trimkv), where the
+# engine looks for them: beside the model file. Made by the commands in
+# docs/policies.md; a calibration of your own that is already there is left alone.
 cp -n "$root/data/query_stats/$model_file.qstats.json" "$cache/models/"
 cp -n "$root/data/steering/$model_file.steer.json" "$cache/models/"
+if [ -f "$root/data/trimkv/$model_file.trimkv.safetensors" ]; then
+  cp -n "$root/data/trimkv/$model_file.trimkv.safetensors" "$cache/models/"
+fi
 
 # --- the end-to-end tests' Python packages (LAZYKV_SETUP_E2E=1, set by test.sh) --
 # A venv with the pinned packages of tests/e2e/requirements.txt (the official

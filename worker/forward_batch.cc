@@ -95,6 +95,20 @@ void apply_steering(const SteeredRows& steered, int layer, float* x) {
   }
 }
 
+void observe_layer_inputs(std::span<const BatchItem> batch, const std::vector<int64_t>& row0, int layer,
+                          const float* xn, int64_t n_embd, ThreadPool& pool) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchItem& item = batch[i];
+    if (item.policy == nullptr || !item.policy->wants_layer_input()) continue;
+    item.policy->observe_layer_input(layer, item.start_pos, xn + row0[i] * n_embd, int64_t(item.tokens.size()), pool);
+  }
+}
+
+bool wants_layer_input(std::span<const BatchItem> batch) {
+  return std::any_of(batch.begin(), batch.end(),
+                     [](const BatchItem& item) { return item.policy != nullptr && item.policy->wants_layer_input(); });
+}
+
 bool wants_hidden(std::span<const BatchItem> batch) {
   return std::any_of(batch.begin(), batch.end(),
                      [](const BatchItem& item) { return item.policy != nullptr && item.policy->wants_hidden(); });

@@ -55,6 +55,14 @@ SteeredRows steered_rows(std::span<const BatchItem> batch, const std::vector<int
 // Adds the steering to x [rows][n_embd] when `layer` is the vector's.
 void apply_steering(const SteeredRows& steered, int layer, float* x);
 
+// Hands each item's rows of a layer's attention input xn [rows][n_embd] to
+// its policy when the policy reads them (trimkv), before attention.
+void observe_layer_inputs(std::span<const BatchItem> batch, const std::vector<int64_t>& row0, int layer,
+                          const float* xn, int64_t n_embd, ThreadPool& pool);
+// True when an item's policy reads layer inputs (a backend that cannot
+// bring them to the host refuses it).
+bool wants_layer_input(std::span<const BatchItem> batch);
+
 // True when an item's policy reads hidden states (the backend then has to
 // bring them to the host for end_policy_steps).
 bool wants_hidden(std::span<const BatchItem> batch);

@@ -145,51 +145,65 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     m->load_gguf(path);
   }
   m->finish();
-  m->find_query_stats();
-  m->find_steering();
+  m->find_calibration_files();
   if (!m->tokenizer_.tokens.empty()) m->token_classes_ = classify_tokens(m->tokenizer_.tokens, m->tokenizer_.model == "gpt2");
   return m;
 }
 
-void Model::find_query_stats() {
-  const std::string file = query_stats_path(path_);
+namespace {
+
+// Loads `file` into `out`, or says in `missing` why there is none: absent
+// (with the command that makes one), unreadable, or for another shape
+// (mismatch's text, empty when it fits). A bad file never stops the model.
+template <class T, class Load, class Mismatch>
+void find_beside(const std::string& file, Load load, Mismatch mismatch, const std::string& what,
+                 const std::string& how_to_make, std::shared_ptr<const T>& out, std::string& missing) {
   try {
-    std::shared_ptr<const QueryStats> stats = load_query_stats(file);
-    if (stats->n_layer != config_.n_layer || stats->n_head != config_.n_head || stats->n_freq != config_.n_rot / 2) {
-      query_stats_missing_ = file + " does not match the model (" + std::to_string(stats->n_layer) + " layers, " +
-                             std::to_string(stats->n_head) + " query heads, " + std::to_string(stats->n_freq) +
-                             " frequencies; the model has " + std::to_string(config_.n_layer) + ", " +
-                             std::to_string(config_.n_head) + ", " + std::to_string(config_.n_rot / 2) + ")";
+    std::shared_ptr<const T> found = load(file);
+    if (std::string why = mismatch(*found); !why.empty()) {
+      missing = file + " does not match the model (" + why + ")";
       return;
     }
-    query_stats_ = std::move(stats);
-    query_stats_missing_.clear();
+    out = std::move(found);
+    missing.clear();
   } catch (const Error& e) {
-    query_stats_missing_ = e.code() == ErrorCode::kNotFound
-                               ? "no query statistics beside the model (" + file + "); `lazykv calibrate --model " +
-                                     path_ + " --input TEXT` measures them"
-                               : e.what();
+    missing = e.code() == ErrorCode::kNotFound ? "no " + what + " beside the model (" + file + "); " + how_to_make
+                                               : e.what();
   }
 }
 
-void Model::find_steering() {
-  const std::string file = steering_path(path_);
-  try {
-    std::shared_ptr<const SteeringVector> steering = load_steering(file);
-    if (steering->n_layer != config_.n_layer || steering->n_embd != config_.n_embd) {
-      steering_missing_ = file + " does not match the model (" + std::to_string(steering->n_layer) + " layers, " +
-                          std::to_string(steering->n_embd) + " hidden units; the model has " +
-                          std::to_string(config_.n_layer) + ", " + std::to_string(config_.n_embd) + ")";
-      return;
-    }
-    steering_ = std::move(steering);
-    steering_missing_.clear();
-  } catch (const Error& e) {
-    steering_missing_ = e.code() == ErrorCode::kNotFound
-                            ? "no steering vector beside the model (" + file + "); `lazykv steer --model " + path_ +
-                                  " --input TEXT` measures one"
-                            : e.what();
-  }
+}  // namespace
+
+void Model::find_calibration_files() {
+  const ModelConfig& c = config_;
+  const auto str = [](int v) { return std::to_string(v); };
+  find_beside(
+      query_stats_path(path_), load_query_stats,
+      [&](const QueryStats& s) {
+        if (s.n_layer == c.n_layer && s.n_head == c.n_head && s.n_freq == c.n_rot / 2) return std::string();
+        return str(s.n_layer) + " layers, " + str(s.n_head) + " query heads, " + str(s.n_freq) +
+               " frequencies; the model has " + str(c.n_layer) + ", " + str(c.n_head) + ", " + str(c.n_rot / 2);
+      },
+      "query statistics", "`lazykv calibrate --model " + path_ + " --input TEXT` measures them", query_stats_,
+      query_stats_missing_);
+  find_beside(
+      steering_path(path_), load_steering,
+      [&](const SteeringVector& s) {
+        if (s.n_layer == c.n_layer && s.n_embd == c.n_embd) return std::string();
+        return str(s.n_layer) + " layers, " + str(s.n_embd) + " hidden units; the model has " + str(c.n_layer) +
+               ", " + str(c.n_embd);
+      },
+      "steering vector", "`lazykv steer --model " + path_ + " --input TEXT` measures one", steering_,
+      steering_missing_);
+  find_beside(
+      retention_gates_path(path_), load_retention_gates,
+      [&](const RetentionGates& g) {
+        if (g.n_layer == c.n_layer && g.n_embd == c.n_embd && g.n_head_kv == c.n_head_kv) return std::string();
+        return str(g.n_layer) + " layers, " + str(g.n_embd) + " hidden units, " + str(g.n_head_kv) +
+               " KV heads; the model has " + str(c.n_layer) + ", " + str(c.n_embd) + ", " + str(c.n_head_kv);
+      },
+      "retention gates", "`scripts/train_trimkv.sh " + path_ + "` trains them", retention_gates_,
+      retention_gates_missing_);
 }
 
 TokenizerSpec tokenizer_spec_from_gguf(const GgufFile& f) {

@@ -14,6 +14,7 @@
 #include "worker/format/safetensors.h"
 #include "worker/model_config.h"
 #include "worker/policy/query_stats.h"
+#include "worker/policy/retention_gates.h"
 #include "worker/policy/steering.h"
 #include "worker/policy/token_classes.h"
 
@@ -67,6 +68,10 @@ class Model {
   // steering_missing() (a bad file never stops the model from loading).
   std::shared_ptr<const SteeringVector> steering() const { return steering_; }
   const std::string& steering_missing() const { return steering_missing_; }
+  // trimkv's retention gates beside the model file (retention_gates_path),
+  // the same way.
+  std::shared_ptr<const RetentionGates> retention_gates() const { return retention_gates_; }
+  const std::string& retention_gates_missing() const { return retention_gates_missing_; }
   size_t weight_bytes() const { return weight_bytes_; }
   // Bytes of weights a decode step reads: every layer's matrices and the
   // output projection (the token embedding is read one row per token).
@@ -77,8 +82,9 @@ class Model {
   void load_gguf(const std::string& path);
   void load_hf(const std::string& dir);
   void finish();
-  void find_query_stats();  // after finish(): fills query_stats_ or query_stats_missing_
-  void find_steering();     // after finish(): fills steering_ or steering_missing_
+  // After finish(): the calibration files beside the model, each into its
+  // pointer or its reason for being null.
+  void find_calibration_files();
   const float* keep_f32(std::vector<float> values);
 
   std::string path_;
@@ -97,6 +103,8 @@ class Model {
   std::shared_ptr<const TokenClasses> token_classes_;
   std::shared_ptr<const SteeringVector> steering_;
   std::string steering_missing_ = "no steering vector for a model made in memory";
+  std::shared_ptr<const RetentionGates> retention_gates_;
+  std::string retention_gates_missing_ = "no retention gates for a model made in memory";
   size_t weight_bytes_ = 0;
   size_t decode_weight_bytes_ = 0;
 };

@@ -1,12 +1,33 @@
-// libFuzzer target: SafetensorsFile::parse on arbitrary bytes. A
-// lazykv::Error with kInvalidModel is the expected outcome for bad input; any
-// other exception, crash or sanitizer report is a bug.
+// libFuzzer target: SafetensorsFile::parse on arbitrary bytes, then the
+// retention-gate checks (trimkv's file) on what parses, and the gates run
+// on a row when they pass. A lazykv::Error with kInvalidModel (the
+// container) or kInvalidArgument (the gates) is the expected outcome for bad
+// input; any other exception, crash or sanitizer report is a bug.
 #include <cstdint>
 #include <cstdlib>
 #include <span>
 
+#include <vector>
+
 #include "common/error.h"
+#include "common/thread_pool.h"
 #include "worker/format/safetensors.h"
+#include "worker/policy/retention_gates.h"
+
+namespace {
+
+void check_as_gates(std::span<const uint8_t> bytes) {
+  try {
+    const auto gates = lazykv::retention_gates_from(lazykv::SafetensorsFile::parse(bytes), "fuzz input");
+    static lazykv::ThreadPool pool(1);
+    std::vector<float> row(size_t(gates->n_embd), 0.5f), out(size_t(gates->n_head_kv));
+    for (int l = 0; l < gates->n_layer; ++l) lazykv::retention_log_beta(*gates, l, row.data(), 1, out.data(), pool);
+  } catch (const lazykv::Error& e) {
+    if (e.code() != lazykv::ErrorCode::kInvalidArgument) std::abort();
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
@@ -19,6 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (size_t i = 0; i < t.bytes; ++i) sink = sink + t.data[i];
     }
     (void)sink;
+    check_as_gates(std::span<const uint8_t>(data, size));
   } catch (const lazykv::Error& e) {
     if (e.code() != lazykv::ErrorCode::kInvalidModel) std::abort();
   }

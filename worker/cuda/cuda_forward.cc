@@ -929,6 +929,9 @@ std::span<const float> CudaForwardPass::Impl::run(std::span<const BatchItem> bat
     throw Error(ErrorCode::kInvalidArgument,
                 "forward (cuda): skipkv's activation steering (steer > 0) runs on the CPU backend only");
   }
+  if (wants_layer_input(batch)) {
+    throw Error(ErrorCode::kInvalidArgument, "forward (cuda): trimkv's retention gates run on the CPU backend only");
+  }
   reserve_batch(batch, cache, group, [&] { prepare(pu, rows); });
   // Nothing below allocates before the appends, so policies and cache stay in step.
   for (const BatchItem& item : batch) {

@@ -35,6 +35,8 @@ PolicyShape policy_shape(const Model& model, int32_t prompt_len, int32_t max_len
   shape.token_classes = model.token_classes();
   shape.steering = model.steering();
   shape.steering_missing = model.steering_missing();
+  shape.retention_gates = model.retention_gates();
+  shape.retention_gates_missing = model.retention_gates_missing();
   return shape;
 }
 
@@ -200,6 +202,15 @@ void EvictionPolicy::draft_slots(int layer, int head, const KvCache& cache, SeqI
 
 void EvictionPolicy::observe_token(int32_t, int32_t, std::span<const float>) {}
 
+void EvictionPolicy::observe_layer_input(int layer, int32_t start_pos, const float* rows, int64_t n,
+                                         ThreadPool& pool) {
+  const auto t0 = std::chrono::steady_clock::now();
+  read_layer_input(layer, start_pos, rows, n, pool);
+  policy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void EvictionPolicy::read_layer_input(int, int32_t, const float*, int64_t, ThreadPool&) {}
+
 float EvictionPolicy::steering_scale(int32_t, int32_t) { return 0.0f; }
 
 void EvictionPolicy::end_draft(const DraftQueries&, KvCache&, SeqId) {}
@@ -311,6 +322,7 @@ const std::map<std::string, PolicyFactory>& policy_factories() {
       {"snapkv", make_snapkv_policy},   {"rkv", make_rkv_policy},     {"raas", make_raas_policy},
       {"caote", make_caote_policy},     {"obcache", make_obcache_policy}, {"vase", make_vase_policy},
       {"triattention", make_triattention_policy}, {"laq", make_laq_policy},   {"skipkv", make_skipkv_policy},
+      {"trimkv", make_trimkv_policy},
   };
   return factories;
 }
@@ -318,7 +330,8 @@ const std::map<std::string, PolicyFactory>& policy_factories() {
 std::string policy_unavailable(const std::string& name, const PolicyShape& shape) {
   using Check = std::string (*)(const PolicyShape&);
   static const std::map<std::string, Check> checks = {{"triattention", triattention_unavailable},
-                                                       {"skipkv", skipkv_unavailable}};
+                                                       {"skipkv", skipkv_unavailable},
+                                                       {"trimkv", trimkv_unavailable}};
   const auto it = checks.find(name);
   return it == checks.end() ? std::string() : it->second(shape);
 }

@@ -26,6 +26,7 @@
 #include "kernels/cpu/ops.h"
 #include "worker/kv_cache.h"
 #include "worker/policy/query_stats.h"
+#include "worker/policy/retention_gates.h"
 #include "worker/policy/steering.h"
 #include "worker/policy/token_classes.h"
 
@@ -61,6 +62,9 @@ struct PolicyShape {
   // skipkv's steering vector (null: none, and why).
   std::shared_ptr<const SteeringVector> steering;
   std::string steering_missing;
+  // trimkv's retention gates (null: none, and why).
+  std::shared_ptr<const RetentionGates> retention_gates;
+  std::string retention_gates_missing;
 };
 
 struct ModelConfig;
@@ -158,6 +162,16 @@ class EvictionPolicy {
   // token: the id at pos (a generated position); hidden: its [n_embd] row.
   virtual void observe_token(int32_t pos, int32_t token, std::span<const float> hidden);
 
+  // --- layer inputs (trimkv) ---
+  // True when the policy reads the attention input of each new token: the
+  // forward pass then calls observe_layer_input for every layer, after the
+  // input norm and before attention, with the rows of the tokens this pass
+  // appends (their slots exist since begin_step).
+  virtual bool wants_layer_input() const { return false; }
+  // rows: [n][n_embd] for positions start_pos...; pool: the pass's threads.
+  // Its time counts in policy_seconds().
+  void observe_layer_input(int layer, int32_t start_pos, const float* rows, int64_t n, ThreadPool& pool);
+
   // --- activation steering (skipkv) ---
   // The scale of shape().steering's vector to add to the residual after its
   // layer for the decode token at pos (0: none). Asked before the pass.
@@ -226,6 +240,8 @@ class EvictionPolicy {
   // New slots [first, first + count) hold positions first_pos...; the default
   // sets last = (prompt ? 0 : step - 1), mri = 0, attn = 0.
   virtual void init_slots(Head& h, int32_t first, int32_t count, int32_t first_pos);
+  // What observe_layer_input does for a policy that wants_layer_input.
+  virtual void read_layer_input(int layer, int32_t start_pos, const float* rows, int64_t n, ThreadPool& pool);
   // After the pass, for one layer: update state from h.hits / h.attn, then
   // fill keep[head] with the slot indices to keep (strictly increasing), or
   // leave it empty to keep every slot. Called with the layer's heads.

@@ -81,6 +81,8 @@ PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, i
   } else {
     shape.query_stats_missing = "the trace has no \"query_stats\"";
   }
+  // Rates come from the model's own layer inputs, which a trace does not carry.
+  shape.retention_gates_missing = "trace replay has no model to run retention gates on (run trimkv on a model)";
   return shape;
 }
 

@@ -121,7 +121,10 @@ class TriAttentionPolicy final : public EvictionPolicy {
 }  // namespace
 
 std::string triattention_unavailable(const PolicyShape& shape) {
-  if (!shape.query_stats) return shape.query_stats_missing;
+  if (!shape.query_stats) {
+    return shape.query_stats_missing.empty() ? "no query statistics (they belong beside the model file)"
+                                             : shape.query_stats_missing;
+  }
   const QueryStats& stats = *shape.query_stats;
   const int F = shape.head_dim / 2;
   if (int(shape.rope_inv_freq.size()) != F) {

@@ -64,9 +64,11 @@ TEST(GoldenTraces, DirectoryHoldsTraces) {
   ASSERT_FALSE(files.empty()) << "no golden traces in " << LAZYKV_TEST_DATA_DIR
                               << "/policy; run scripts/reference/policy_reference.py";
   // Every catalog policy has golden traces (lazy+tiers needs a kvstore: its
-  // own tests in tests/unit/tiers drive it).
+  // own tests in tests/unit/tiers drive it; trimkv needs a model's layer
+  // inputs: PolicyForward.TrimKvEvictsTheLowestDecayedRetention checks its
+  // every eviction on the real pass).
   for (const PolicyInfo& info : policy_catalog()) {
-    if (info.name == "lazy+tiers") continue;
+    if (info.name == "lazy+tiers" || info.name == "trimkv") continue;
     const std::string& policy = info.name;
     EXPECT_TRUE(std::any_of(files.begin(), files.end(),
                             [&](const fs::path& p) { return p.filename().string().rfind(policy + "_", 0) == 0; }))
@@ -124,6 +126,20 @@ TEST(GoldenTraces, SkipKvTraceWithoutHiddenStatesIsRefused) {
   nlohmann::json bad_end = golden["trace"];
   bad_end["sentence_ends"] = {-1};
   EXPECT_NE(refusal(bad_end).find("\"sentence_ends\" holds token ids"), std::string::npos) << refusal(bad_end);
+}
+
+// trimkv's rates come from a model's layer inputs: a trace cannot run it,
+// and says so.
+TEST(GoldenTraces, TrimKvCannotReplayATrace) {
+  nlohmann::json trace = load(fs::path(LAZYKV_TEST_DATA_DIR) / "policy" / "skipkv_random1.json")["trace"];
+  trace["policy"] = {{"name", "trimkv"}, {"budget", 8}};
+  try {
+    replay_trace(trace);
+    ADD_FAILURE() << "trimkv replayed a trace";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("no model to run retention gates on"), std::string::npos) << e.what();
+  }
 }
 
 std::string test_name(const ::testing::TestParamInfo<fs::path>& info) { return info.param.stem().string(); }

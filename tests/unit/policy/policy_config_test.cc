@@ -35,7 +35,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 TEST(PolicyCatalog, ListsEveryPolicyInOrder) {
   std::vector<std::string> names;
   for (const PolicyInfo& p : policy_catalog()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache", "vase", "triattention", "laq", "skipkv"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache", "vase", "triattention", "laq", "skipkv", "trimkv"}));
   for (const PolicyInfo& p : policy_catalog()) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     for (const PolicyParam& param : p.params) {

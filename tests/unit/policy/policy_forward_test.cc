@@ -29,6 +29,7 @@
 #include "worker/model.h"
 #include "worker/policy/policy.h"
 #include "worker/policy/query_calibration.h"
+#include "tests/unit/policy/random_gates.h"
 
 namespace lazykv {
 namespace {
@@ -38,9 +39,10 @@ namespace fs = std::filesystem;
 const std::vector<int32_t> kPrompt = {1, 40, 75, 120, 3, 200};
 
 // The tiny model, written to a temporary folder and loaded (the mapping keeps
-// the data); with_query_stats, its query statistics (measured on a few
-// tokens) are written beside it first, for triattention.
-std::unique_ptr<Model> load_tiny_model(bool with_query_stats) {
+// the data); with_calibration, its query statistics (measured on a few
+// tokens, for triattention) and retention gates (random, for trimkv) are
+// written beside it first.
+std::unique_ptr<Model> load_tiny_model(bool with_calibration) {
   TinyModelSpec spec;
   spec.n_layer = 2;
   spec.n_embd = 64;
@@ -49,11 +51,13 @@ std::unique_ptr<Model> load_tiny_model(bool with_query_stats) {
   spec.n_ff = 96;
   spec.seed = 7;
   const fs::path dir = fs::temp_directory_path() /
-                       ("lazykv_policy_forward_test_" + std::to_string(::getpid()) + (with_query_stats ? "_stats" : ""));
+                       ("lazykv_policy_forward_test_" + std::to_string(::getpid()) + (with_calibration ? "_calibrated" : ""));
   fs::create_directories(dir);
   const std::string path = (dir / "tiny.gguf").string();
   write_tiny_gguf(path, spec);
-  if (with_query_stats) {
+  if (with_calibration) {
+    write_random_gates(retention_gates_path(path), RandomGatesSpec{.n_layer = spec.n_layer, .n_embd = spec.n_embd,
+                                                                   .n_head_kv = spec.n_head_kv, .n_hidden = 16});
     ThreadPool pool(2);
     const std::vector<int32_t> text = {1, 17, 99, 140, 23, 61, 77, 200, 5, 9, 180, 33, 250, 14, 3, 90};
     std::ofstream(query_stats_path(path)) << query_stats_to_json(measure_query_stats(*Model::load(path), text, pool)).dump();
@@ -69,9 +73,14 @@ const Model& tiny_model() {
   return *model;
 }
 
-const Model& tiny_model_with_query_stats() {
+const Model& tiny_model_with_calibration() {
   static const std::unique_ptr<Model> model = load_tiny_model(true);
   return *model;
+}
+
+// The model a policy can run on: the calibrated one for those that need a file beside the model.
+const Model& model_for(const PolicyConfig& config) {
+  return config.name == "triattention" || config.name == "trimkv" ? tiny_model_with_calibration() : tiny_model();
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -216,11 +225,14 @@ TEST(PolicyForward, EvictingPoliciesRespectBudgetAndPeak) {
        [](int32_t t) { return (6 + t) % 4 == 0; }},
       {config("vase", {{"budget", "16"}, {"window", "4"}, {"sketch", "1"}, {"rank", "8"}}), C + 4,
        [](int32_t t) { return (6 + t) % 4 == 0; }},
+      {config("trimkv", {{"budget", "16"}}), C + 1, [](int32_t) { return true; }},
+      // (6 + t reaches 16 + 5 at t = 15, then every 5 steps)
+      {config("trimkv", {{"budget", "16"}, {"period", "5"}}), C + 5, [](int32_t t) { return t >= 15 && t % 5 == 0; }},
   };
   const ModelConfig& mc = m.config();
   for (const EvictingCase& ec : cases) {
     const std::string name = ec.config.to_string();
-    Session s(m, &ec.config, kPrompt);
+    Session s(model_for(ec.config), &ec.config, kPrompt);
     int32_t newest_evicted_at = -1;
     // What each sampling pass's attention saw: the prompt (below every
     // budget here), then the slots left by the last step plus the new token.
@@ -283,9 +295,10 @@ TEST(PolicyForward, KeepPromptKeepsEveryPromptSlot) {
       {config("laq", {{"budget", "16"}, {"window", "4"}, {"recent", "2"}, {"lookahead", "3"}, {"kernel", "3"},
                       {"period", "8"}, {"keep_prompt", "1"}}),
        24},
+      {config("trimkv", {{"budget", "16"}, {"keep_prompt", "1"}}), 17},
   };
   for (const auto& [c, peak] : cases) {
-    Session s(m, &c, kPrompt);
+    Session s(model_for(c), &c, kPrompt);
     for (int32_t t = 1; t <= 60; ++t) {
       s.feed({s.next()});
       for (int layer = 0; layer < m.config().n_layer; ++layer) {
@@ -337,10 +350,13 @@ TEST(PolicyForward, OccupancyModelMatchesEveryPolicy) {
       {c("laq", {{"budget", "8"}, {"window", "2"}, {"recent", "0"}, {"kernel", "3"}, {"period", "0"}}), &long_prompt},
       {c("triattention", {{"budget", "16"}, {"period", "4"}}), &kPrompt},
       {c("triattention", {{"budget", "8"}, {"period", "3"}, {"keep_prompt", "0"}}), &long_prompt},
+      {c("trimkv", {{"budget", "16"}}), &kPrompt},
+      {c("trimkv", {{"budget", "8"}, {"period", "3"}}), &long_prompt},
+      {c("trimkv", {{"budget", "16"}, {"period", "4"}, {"keep_prompt", "1"}}), &kPrompt},
   };
   std::set<std::string> covered;
   for (const auto& [config, prompt] : cases) {
-    const Model& m = config.name == "triattention" ? tiny_model_with_query_stats() : tiny_model();
+    const Model& m = model_for(config);
     constexpr int32_t kGenerated = 50;  // the prefill's token, then 49 decode steps
     Session s(m, &config, *prompt);
     for (int32_t t = 1; t < kGenerated; ++t) s.feed({s.next()});
@@ -495,7 +511,7 @@ TEST(PolicyForward, SkipKvEvictsWholeSentences) {
 // triattention: compresses to the budget whenever a head reaches budget +
 // period slots, never touching the prompt.
 TEST(PolicyForward, TriAttentionKeepsThePromptAndTheBudget) {
-  const Model& m = tiny_model_with_query_stats();
+  const Model& m = tiny_model_with_calibration();
   ASSERT_NE(m.query_stats(), nullptr) << m.query_stats_missing();
   const PolicyConfig c = config("triattention", {{"budget", "16"}, {"period", "4"}});
   Session s(m, &c, kPrompt);
@@ -514,6 +530,137 @@ TEST(PolicyForward, TriAttentionKeepsThePromptAndTheBudget) {
   }
   EXPECT_GT(s.policy->evicted_slots(), 0);
   EXPECT_EQ(s.policy->peak_slots(), int64_t(m.config().n_layer) * s.heads() * 20);
+}
+
+// trimkv: each slot's state is the rate its gate gave the token (layer 0's
+// input is the embedding's norm, so the test computes those itself), and
+// each step evicts the slot of the lowest decayed retention (t - j) log beta.
+TEST(PolicyForward, TrimKvEvictsTheLowestDecayedRetention) {
+  const Model& m = tiny_model_with_calibration();
+  ASSERT_NE(m.retention_gates(), nullptr) << m.retention_gates_missing();
+  const ModelConfig& mc = m.config();
+  const PolicyConfig c = config("trimkv", {{"budget", "12"}});
+  Session s(m, &c, kPrompt);
+  ThreadPool pool(1);
+  std::vector<int32_t> tokens = kPrompt;
+  // (position -> log beta) per (layer, head), from the policy's slot state.
+  std::vector<std::map<int32_t, float>> rates(size_t(mc.n_layer) * size_t(s.heads()));
+  const auto record = [&] {
+    for (int layer = 0; layer < mc.n_layer; ++layer) {
+      for (int h = 0; h < s.heads(); ++h) {
+        const std::span<const int32_t> p = s.cache.positions(0, layer, h);
+        const std::vector<float> score = s.policy->slot_state(layer, h)["score"].get<std::vector<float>>();
+        ASSERT_EQ(score.size(), p.size());
+        for (size_t i = 0; i < p.size(); ++i) {
+          auto [it, fresh] = rates[size_t(layer * s.heads() + h)].emplace(p[i], score[i]);
+          ASSERT_TRUE(fresh || it->second == score[i]) << "a slot's rate changed";
+          ASSERT_LT(score[i], 0.0f);
+        }
+      }
+    }
+  };
+  record();
+  int evictions = 0;
+  for (int32_t t = 1; t <= 30; ++t) {
+    std::vector<std::vector<int32_t>> before;
+    for (int layer = 0; layer < mc.n_layer; ++layer) {
+      for (int h = 0; h < s.heads(); ++h) {
+        const auto p = s.cache.positions(0, layer, h);
+        before.emplace_back(p.begin(), p.end());
+      }
+    }
+    const int32_t pos = s.pos;
+    tokens.push_back(s.next());
+    s.feed({tokens.back()});
+    record();
+    for (int layer = 0; layer < mc.n_layer; ++layer) {
+      for (int h = 0; h < s.heads(); ++h) {
+        const auto& rate = rates[size_t(layer * s.heads() + h)];
+        std::vector<int32_t> candidates = before[size_t(layer * s.heads() + h)];
+        candidates.push_back(pos);
+        const auto p = s.cache.positions(0, layer, h);
+        if (candidates.size() <= 12) {
+          ASSERT_EQ(std::vector<int32_t>(p.begin(), p.end()), candidates);
+          continue;
+        }
+        ASSERT_EQ(p.size(), 12u);
+        ASSERT_EQ(p.back(), pos) << "the newest token scores 0, the most";
+        const auto score = [&](int32_t j) { return float(pos - j) * rate.at(j); };
+        float kept_min = 0.0f, evicted_max = -1e30f;
+        for (int32_t j : candidates) {
+          if (std::find(p.begin(), p.end(), j) != p.end()) {
+            kept_min = std::min(kept_min, score(j));
+          } else {
+            evicted_max = std::max(evicted_max, score(j));
+            ++evictions;
+          }
+        }
+        ASSERT_LE(evicted_max, kept_min) << "t=" << t << " layer " << layer << " head " << h;
+      }
+    }
+  }
+  EXPECT_GT(evictions, 0);
+  // Layer 0's rates are the gate on the normed embedding of each token.
+  std::vector<float> x(size_t(mc.n_embd)), xn(size_t(mc.n_embd)), log_beta(size_t(mc.n_head_kv));
+  const cpu::WeightMatrix& embd = m.token_embd();
+  for (size_t j = 0; j < tokens.size() - 1; ++j) {
+    const auto* row = static_cast<const uint8_t*>(embd.data) + size_t(tokens[j]) * row_bytes(embd.type, size_t(mc.n_embd));
+    cpu::dequantize_row(embd.type, row, x.data(), mc.n_embd);
+    cpu::rms_norm(x.data(), m.layers()[0].attn_norm, xn.data(), mc.n_embd, mc.rms_eps);
+    retention_log_beta(*m.retention_gates(), 0, xn.data(), 1, log_beta.data(), pool);
+    for (int h = 0; h < mc.n_head_kv; ++h) {
+      const auto& rate = rates[size_t(h)];
+      ASSERT_NEAR(rate.at(int32_t(j)), log_beta[size_t(h)], 1e-5 * std::fabs(log_beta[size_t(h)]) + 1e-7)
+          << "position " << j << " head " << h;
+    }
+  }
+}
+
+// In a batch, each trimkv sequence's gates read its own rows: the rates of a
+// prompt chunk and a decode token batched with another sequence's prompt
+// are those each gets alone.
+TEST(PolicyForward, TrimKvRatesInABatchAreEachSequencesOwn) {
+  const Model& m = tiny_model_with_calibration();
+  const ModelConfig& mc = m.config();
+  const PolicyConfig c = config("trimkv", {{"budget", "64"}});
+  const std::vector<int32_t> other = {5, 9, 180, 33};
+  const auto rates = [&](bool batched) {
+    ThreadPool pool(2);
+    KvCache cache({mc.n_layer, mc.n_head_kv, mc.head_dim, 4, 0});
+    ForwardPass forward(m, cache, pool);
+    std::unique_ptr<EvictionPolicy> a = make_policy(c, shape_for(m, int32_t(kPrompt.size())));
+    std::unique_ptr<EvictionPolicy> b = make_policy(c, shape_for(m, int32_t(other.size())));
+    cache.add_sequence(0, a->heads_per_layer());
+    cache.add_sequence(1, b->heads_per_layer());
+    BatchItem prefill_a{0, kPrompt, 0, false, a.get()};
+    forward.run({&prefill_a, 1});
+    const std::vector<int32_t> next = {7};
+    std::vector<BatchItem> items = {{0, next, int32_t(kPrompt.size()), false, a.get()},
+                                    {1, other, 0, true, b.get()}};
+    if (batched) {
+      forward.run(items);
+    } else {
+      forward.run({&items[0], 1});
+      forward.run({&items[1], 1});
+    }
+    std::vector<nlohmann::json> state;
+    for (int layer = 0; layer < mc.n_layer; ++layer) {
+      for (int h = 0; h < mc.n_head_kv; ++h) {
+        state.push_back(a->slot_state(layer, h)["score"]);
+        state.push_back(b->slot_state(layer, h)["score"]);
+      }
+    }
+    return state;
+  };
+  const std::vector<nlohmann::json> alone = rates(false), together = rates(true);
+  ASSERT_EQ(alone.size(), together.size());
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_EQ(alone[i].size(), together[i].size());
+    for (size_t j = 0; j < alone[i].size(); ++j) {
+      const float x = alone[i][j].get<float>(), y = together[i][j].get<float>();
+      ASSERT_NEAR(x, y, 1e-5 * std::fabs(x) + 1e-7) << "state " << i << " slot " << j;
+    }
+  }
 }
 
 TEST(PolicyForward, AHugeWindowHoldsOnlyWhatTheSequenceCanUse) {
@@ -561,7 +708,7 @@ TEST(PolicyForward, LazyPerQueryHeadCachesEveryQueryHead) {
 // all but the last token, less a window of last queries it keeps, nothing
 // when every prompt query's attention counts.
 TEST(PolicyForward, ReusablePromptFollowsWhatThePromptsQueriesRecord) {
-  const Model& m = tiny_model_with_query_stats();
+  const Model& m = tiny_model_with_calibration();
   const auto reusable = [&](const std::string& name, std::map<std::string, std::string> params) {
     params.emplace("budget", "256");
     if (name == "full") params.clear();
@@ -576,6 +723,7 @@ TEST(PolicyForward, ReusablePromptFollowsWhatThePromptsQueriesRecord) {
   EXPECT_EQ(reusable("raas", {}), 999);
   EXPECT_EQ(reusable("triattention", {{"keep_prompt", "0"}}), 999);
   EXPECT_EQ(reusable("h2o", {}), 0);
+  EXPECT_EQ(reusable("trimkv", {}), 0);
   EXPECT_EQ(reusable("snapkv", {{"window", "32"}}), 968);
   EXPECT_EQ(reusable("rkv", {{"window", "8"}}), 992);
   EXPECT_EQ(reusable("vase", {{"window", "32"}}), 968);
