@@ -18,7 +18,7 @@ struct CompactionRule {
     kWindow,          // lazy, lazy+tiers: decode steps t with t % window == 0
     kWindowMultiple,  // vase: decode steps leaving more than C slots and a multiple of window
     kRaas,            // raas: every decode step; the prompt stays, at least one decode slot does
-    kThreshold,       // triattention: decode steps leaving C + period slots; trimkv: any pass
+    kThreshold,       // triattention: decode steps leaving C + period slots; trimkv: the same, prefill included
   } kind = kNever;
   int32_t budget = 0, every = 0;
   bool keep_prompt = false;

@@ -163,7 +163,7 @@ std::span<const float> ForwardPass::run(std::span<const BatchItem> batch) {
     const ShardLayer& layer = shard_.layers()[size_t(l)];
     const LayerWeights& w = layer.w;
     for (int64_t r = 0; r < T; ++r) cpu::rms_norm(x_.data() + r * E, w.attn_norm, xn_.data() + r * E, E, c.rms_eps);
-    observe_layer_inputs(batch, row0, l, xn_.data(), E, pool_);
+    eviction_seconds_ += observe_layer_inputs(batch, row0, l, xn_.data(), E, pool_);
     matmul(w.wq, xn_.data(), T, q_.data());
     matmul(w.wk, xn_.data(), T, k_.data());
     matmul(w.wv, xn_.data(), T, v_.data());

@@ -95,13 +95,16 @@ void apply_steering(const SteeredRows& steered, int layer, float* x) {
   }
 }
 
-void observe_layer_inputs(std::span<const BatchItem> batch, const std::vector<int64_t>& row0, int layer,
-                          const float* xn, int64_t n_embd, ThreadPool& pool) {
+double observe_layer_inputs(std::span<const BatchItem> batch, const std::vector<int64_t>& row0, int layer,
+                            const float* xn, int64_t n_embd, ThreadPool& pool) {
+  if (!wants_layer_input(batch)) return 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchItem& item = batch[i];
     if (item.policy == nullptr || !item.policy->wants_layer_input()) continue;
     item.policy->observe_layer_input(layer, item.start_pos, xn + row0[i] * n_embd, int64_t(item.tokens.size()), pool);
   }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 bool wants_layer_input(std::span<const BatchItem> batch) {

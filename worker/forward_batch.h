@@ -56,8 +56,9 @@ SteeredRows steered_rows(std::span<const BatchItem> batch, const std::vector<int
 void apply_steering(const SteeredRows& steered, int layer, float* x);
 
 // Hands each item's rows of a layer's attention input xn [rows][n_embd] to
-// its policy when the policy reads them (trimkv), before attention.
-void observe_layer_inputs(std::span<const BatchItem> batch, const std::vector<int64_t>& row0, int layer,
+// its policy when the policy reads them (trimkv), before attention. Returns
+// the wall seconds the policies took (0 when none reads them).
+double observe_layer_inputs(std::span<const BatchItem> batch, const std::vector<int64_t>& row0, int layer,
                           const float* xn, int64_t n_embd, ThreadPool& pool);
 // True when an item's policy reads layer inputs (a backend that cannot
 // bring them to the host refuses it).

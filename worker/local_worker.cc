@@ -74,6 +74,16 @@ uint64_t prefix_fingerprint(const Model& model, const LocalWorkerOptions& option
 
 }  // namespace
 
+PolicyShape policy_shape_on(ComputeDevice device, PolicyShape shape) {
+  if (device != ComputeDevice::kCuda) return shape;
+  shape.steering = nullptr;
+  shape.steering_missing = "activation steering runs on the CPU backend only (this worker runs on a GPU)";
+  shape.retention_gates = nullptr;
+  shape.retention_gates_missing =
+      "trimkv's retention gates read layer inputs on the CPU backend only (this worker runs on a GPU)";
+  return shape;
+}
+
 LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options)
     : LocalWorker(model, options, solo_group()) {}
 
@@ -83,7 +93,7 @@ LocalWorker::LocalWorker(const Model& model, const LocalWorkerOptions& options, 
       pool_(options.threads),
       group_(group),
       shard_(model, group.rank(), group.world()),
-      unavailable_policies_(unavailable_policies(policy_shape(shard_, 0))),
+      unavailable_policies_(unavailable_policies(policy_shape_on(options.device, policy_shape(shard_, 0)))),
       cache_({model.config().n_layer, shard_.config().n_head_kv, model.config().head_dim, 64, options.kv_capacity_bytes}),
       forward_(make_forward_backend(options.device, options.cuda_device, shard_, group_, cache_, pool_,
                                     options.precision, options.cuda_graphs)) {
@@ -208,12 +218,8 @@ std::string LocalWorker::start(const SequenceStart& s, bool& invalid_request) {
 }
 
 std::unique_ptr<EvictionPolicy> LocalWorker::make_sequence_policy(const SequenceStart& s) const {
-  PolicyShape shape = policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx);
+  PolicyShape shape = policy_shape_on(options_.device, policy_shape(shard_, int32_t(s.prompt.size()), options_.n_ctx));
   shape.resumed_tokens = s.generated;
-  if (options_.device == ComputeDevice::kCuda) {  // the CUDA pass has no steering step
-    shape.steering = nullptr;
-    shape.steering_missing = "activation steering runs on the CPU backend only (this worker runs on a GPU)";
-  }
   return make_policy(s.policy, shape);
 }
 

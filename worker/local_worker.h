@@ -45,6 +45,11 @@ struct LocalWorkerOptions {
   bool prefix_tiers = false;
 };
 
+// What a policy may use of the shape on `device`: the CUDA pass has no
+// steering step and does not hand layer inputs to the host, so there the
+// steering vector and the retention gates are gone, with why.
+PolicyShape policy_shape_on(ComputeDevice device, PolicyShape shape);
+
 class LocalWorker final : public StepExecutor {
  public:
   LocalWorker(const Model& model, const LocalWorkerOptions& options);

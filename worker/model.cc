@@ -29,12 +29,6 @@ constexpr std::string_view kSupportedArchs = "llama, qwen2";
 
 [[noreturn]] void invalid(const std::string& what) { throw Error(ErrorCode::kInvalidModel, what); }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 Architecture parse_arch(const std::string& name) {
   if (name == "llama") return Architecture::kLlama;
   if (name == "qwen2") return Architecture::kQwen2;

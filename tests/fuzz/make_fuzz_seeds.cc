@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "worker/format/gguf.h"
+#include "tests/unit/policy/random_gates.h"
 #include "worker/format/safetensors.h"
 #include "worker/format/tiny_model.h"
 
@@ -143,22 +144,8 @@ void safetensors_seeds(const fs::path& dir) {
   write_file(dir / "huge_header.safetensors", b);
 
   // trimkv's retention gates: two layers of 4 hidden units, 8 inputs, 2 KV heads.
-  // (f16 0x3c00 is 1.0 and f32 0x3f800000 too: every value finite, so the gates load and run)
-  const auto ones = [](size_t n, size_t width) {
-    std::vector<uint8_t> out(n * width, 0);
-    for (size_t i = 0; i < n; ++i) out[i * width + width - 1] = width == 2 ? 0x3c : 0x3f;
-    for (size_t i = 0; width == 4 && i < n; ++i) out[i * width + 2] = 0x80;
-    return out;
-  };
-  const std::vector<uint8_t> w1 = ones(4 * 8, 2), b1 = ones(4, 4), w2 = ones(2 * 4, 2), bias = ones(2, 4);
-  std::vector<lazykv::SafetensorsTensor> gates;
-  for (const std::string layer : {"layers.0.", "layers.1."}) {
-    gates.push_back({layer + "w1", DType::kF16, {4, 8}, w1.data(), w1.size()});
-    gates.push_back({layer + "b1", DType::kF32, {4}, b1.data(), b1.size()});
-    gates.push_back({layer + "w2", DType::kF16, {2, 4}, w2.data(), w2.size()});
-    gates.push_back({layer + "bias", DType::kF32, {2}, bias.data(), bias.size()});
-  }
-  lazykv::write_safetensors((dir / "retention_gates.safetensors").string(), gates);
+  lazykv::write_random_gates((dir / "retention_gates.safetensors").string(),
+                             {.n_layer = 2, .n_embd = 8, .n_head_kv = 2, .n_hidden = 4});
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,13 +20,16 @@ struct TinyModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
-// `name` keeps concurrent test binaries' files apart.
-inline TinyModel load_tiny_model(const std::string& name, const TinyModelSpec& spec = {}) {
+// `name` keeps concurrent test binaries' files apart. `beside` (when set)
+// writes files next to the model (given its path) before it loads.
+inline TinyModel load_tiny_model(const std::string& name, const TinyModelSpec& spec = {},
+                                 const std::function<void(const std::string&)>& beside = {}) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("lazykv_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "tiny.gguf").string();
   write_tiny_gguf(path, spec);
+  if (beside) beside(path);
   TinyModel m;
   m.model = Model::load(path);
   m.tokenizer = std::make_unique<Tokenizer>(m.model->tokenizer_spec());

@@ -302,6 +302,12 @@ std::vector<std::string> HfModelDir::tensor_names() const {
   return names;
 }
 
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   uint64_t offset = 0;

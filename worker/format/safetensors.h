@@ -60,6 +60,9 @@ class HfModelDir {
   std::map<std::string, const SafetensorsTensor*, std::less<>> tensors_;
 };
 
+// "[2, 3]": a tensor's shape in error messages.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 // Writes a safetensors file (tests and the tiny model generator).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors);
 

@@ -3,6 +3,7 @@
 // with the KV cache's slots. The forward pass drives it:
 //
 //   begin_step(start_pos, n_new)     before the pass (new slots get state)
+//   observe_layer_input(layer, ...)  each layer's input rows, when asked for
 //   stats(layer, head, pos)          what the attention kernel records for
 //   query_buffer(layer, head, pos)   the token at pos (null: nothing)
 //   end_step(layer, cache, seq)      after the pass: update, select, compact
@@ -23,14 +24,16 @@
 #include <vector>
 
 #include "common/policy_config.h"
+#include "common/thread_pool.h"
 #include "kernels/cpu/ops.h"
 #include "worker/kv_cache.h"
 #include "worker/policy/query_stats.h"
-#include "worker/policy/retention_gates.h"
 #include "worker/policy/steering.h"
 #include "worker/policy/token_classes.h"
 
 namespace lazykv {
+
+struct RetentionGates;  // worker/policy/retention_gates.h
 
 struct PolicyShape {
   int n_layer = 0;
@@ -199,8 +202,9 @@ class EvictionPolicy {
     return sampling_passes_ ? double(attended_slot_sum_) / double(sampling_passes_) : 0.0;
   }
   int64_t evicted_slots() const { return evicted_.load(); }
-  // CPU seconds spent in end_step (statistics upkeep, scoring, selection,
-  // compaction), summed over layers even when they run in parallel.
+  // Seconds spent in end_step (statistics upkeep, scoring, selection,
+  // compaction), summed over layers even when they run in parallel, and in
+  // observe_layer_input (trimkv's gates: wall time of the pass's pool).
   double policy_seconds() const { return double(policy_ns_.load()) * 1e-9; }
   // Zero for every policy without tiers.
   virtual TierCounters tier_counters() const { return {}; }

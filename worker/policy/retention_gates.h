@@ -27,14 +27,16 @@
 
 namespace lazykv {
 
+// The gates in f32, copied out of the file: a few MB, and the copies are
+// aligned for the matmul kernels whatever the file's offsets.
 struct RetentionGates {
   int n_layer = 0, n_embd = 0, n_hidden = 0, n_head_kv = 0;
   struct Layer {
-    cpu::WeightMatrix w1, w2;      // in place in the mapped file
-    std::vector<float> b1, bias;   // [n_hidden], [n_head_kv]
+    std::vector<float> w1, b1, w2, bias;  // [n_hidden][n_embd], [n_hidden], [n_head_kv][n_hidden], [n_head_kv]
+    cpu::WeightMatrix w1_matrix() const;
+    cpu::WeightMatrix w2_matrix() const;
   };
   std::vector<Layer> layers;
-  SafetensorsFile file;  // owns the mapping the matrices point into
 };
 
 // Where a model's gates live: "<model path>.trimkv.safetensors".
@@ -42,15 +44,21 @@ std::string retention_gates_path(const std::string& model_path);
 
 // Reads and checks a gate file: Error(kNotFound) when it is missing,
 // Error(kInvalidArgument) naming the file and the first defect otherwise
-// (a missing or misshapen tensor, a layer count that is not contiguous, a
-// bias that is not finite).
+// (not safetensors, a missing or misshapen tensor, a gap in the layers, a
+// value that is not finite).
 std::shared_ptr<const RetentionGates> load_retention_gates(const std::string& path);
-// The same checks on a parsed file (`name` in the errors): the fuzzer's entry.
-std::shared_ptr<const RetentionGates> retention_gates_from(SafetensorsFile file, const std::string& name);
+// The same checks on a parsed file (`path` names it in the errors): the fuzzer's entry.
+std::shared_ptr<const RetentionGates> retention_gates_from(const SafetensorsFile& file, const std::string& path);
+
+// Working memory of retention_log_beta, kept by the caller between calls.
+struct RetentionScratch {
+  std::vector<float> hidden;
+  std::vector<uint8_t> matmul;
+};
 
 // log beta of every KV head for n rows x [n][n_embd] at `layer`:
-// out [n][n_head_kv]. Allocates its own scratch.
+// out [n][n_head_kv], each finite and at most 0.
 void retention_log_beta(const RetentionGates& gates, int layer, const float* x, int64_t n, float* out,
-                        ThreadPool& pool);
+                        RetentionScratch& scratch, ThreadPool& pool);
 
 }  // namespace lazykv

@@ -10,6 +10,8 @@
 #include <tuple>
 
 #include "../tiny_model_fixture.h"
+#include "tests/unit/policy/random_gates.h"
+#include "worker/policy/retention_gates.h"
 #include "common/error.h"
 #include "parallel_test_util.h"
 #include "tests/unit/step_plans.h"
@@ -282,6 +284,22 @@ TEST(LocalWorkerTensorParallel, SkipKvGreedyEqualsOneRank) {
   const std::vector<int32_t> one = worker_tokens(*m.model, 1, skipkv, 32);
   ASSERT_EQ(one.size(), 32u);
   EXPECT_EQ(worker_tokens(*m.model, 2, skipkv, 32), one);
+}
+
+// trimkv's gates read the full layer input, which every rank holds; each
+// rank takes the rates of its own KV heads (rank 1 from an offset, 3 heads
+// on 2 ranks), so the group evicts as one rank does.
+TEST(LocalWorkerTensorParallel, TrimKvGreedyEqualsOneRank) {
+  const TinyModelSpec spec = spec_with(96, 6, 3, 128, DType::kQ8_0);
+  TinyModel m = load_tiny_model("tp_trimkv", spec, [&](const std::string& path) {
+    write_random_gates(retention_gates_path(path), RandomGatesSpec{.n_layer = spec.n_layer, .n_embd = spec.n_embd,
+                                                                   .n_head_kv = spec.n_head_kv, .n_hidden = 16});
+  });
+  ASSERT_NE(m.model->retention_gates(), nullptr) << m.model->retention_gates_missing();
+  const PolicyConfig trimkv = make_policy_config("trimkv", {{"budget", "12"}, {"period", "2"}});
+  const std::vector<int32_t> one = worker_tokens(*m.model, 1, trimkv, 32);
+  ASSERT_EQ(one.size(), 32u);
+  EXPECT_EQ(worker_tokens(*m.model, 2, trimkv, 32), one);
 }
 
 // A draft runs in the worker's own cache and forward pass, between steps:

@@ -30,6 +30,7 @@
 #include "worker/policy/policy.h"
 #include "worker/policy/query_calibration.h"
 #include "tests/unit/policy/random_gates.h"
+#include "worker/policy/retention_gates.h"
 
 namespace lazykv {
 namespace {
@@ -532,9 +533,10 @@ TEST(PolicyForward, TriAttentionKeepsThePromptAndTheBudget) {
   EXPECT_EQ(s.policy->peak_slots(), int64_t(m.config().n_layer) * s.heads() * 20);
 }
 
-// trimkv: each slot's state is the rate its gate gave the token (layer 0's
-// input is the embedding's norm, so the test computes those itself), and
-// each step evicts the slot of the lowest decayed retention (t - j) log beta.
+// trimkv: each slot's state is the rate its gate gave the token (recomputed
+// here from the embeddings for layer 0, from the layer before's output for
+// the others), and each step evicts the slot of the lowest decayed
+// retention (t - j) log beta.
 TEST(PolicyForward, TrimKvEvictsTheLowestDecayedRetention) {
   const Model& m = tiny_model_with_calibration();
   ASSERT_NE(m.retention_gates(), nullptr) << m.retention_gates_missing();
@@ -560,6 +562,8 @@ TEST(PolicyForward, TrimKvEvictsTheLowestDecayedRetention) {
     }
   };
   record();
+  std::vector<float> x(size_t(mc.n_embd)), xn(size_t(mc.n_embd)), log_beta(size_t(mc.n_head_kv));
+  RetentionScratch gate_scratch;
   int evictions = 0;
   for (int32_t t = 1; t <= 30; ++t) {
     std::vector<std::vector<int32_t>> before;
@@ -571,8 +575,22 @@ TEST(PolicyForward, TrimKvEvictsTheLowestDecayedRetention) {
     }
     const int32_t pos = s.pos;
     tokens.push_back(s.next());
+    std::vector<std::vector<float>> outputs(size_t(mc.n_layer));  // each layer's output row
+    s.forward.set_layer_output_hook(
+        [&](int layer, std::span<const float> x) { outputs[size_t(layer)].assign(x.begin(), x.end()); });
     s.feed({tokens.back()});
     record();
+    // Layers past the first: the gate on the norm of the layer before's output.
+    for (int layer = 1; layer < mc.n_layer; ++layer) {
+      cpu::rms_norm(outputs[size_t(layer - 1)].data(), m.layers()[size_t(layer)].attn_norm, xn.data(), mc.n_embd,
+                    mc.rms_eps);
+      retention_log_beta(*m.retention_gates(), layer, xn.data(), 1, log_beta.data(), gate_scratch, pool);
+      for (int h = 0; h < mc.n_head_kv; ++h) {
+        const float want = log_beta[size_t(h)];
+        ASSERT_NEAR(rates[size_t(layer * s.heads() + h)].at(pos), want, 1e-5 * std::fabs(want) + 1e-7)
+            << "t=" << t << " layer " << layer << " head " << h;
+      }
+    }
     for (int layer = 0; layer < mc.n_layer; ++layer) {
       for (int h = 0; h < s.heads(); ++h) {
         const auto& rate = rates[size_t(layer * s.heads() + h)];
@@ -601,18 +619,53 @@ TEST(PolicyForward, TrimKvEvictsTheLowestDecayedRetention) {
   }
   EXPECT_GT(evictions, 0);
   // Layer 0's rates are the gate on the normed embedding of each token.
-  std::vector<float> x(size_t(mc.n_embd)), xn(size_t(mc.n_embd)), log_beta(size_t(mc.n_head_kv));
   const cpu::WeightMatrix& embd = m.token_embd();
   for (size_t j = 0; j < tokens.size() - 1; ++j) {
     const auto* row = static_cast<const uint8_t*>(embd.data) + size_t(tokens[j]) * row_bytes(embd.type, size_t(mc.n_embd));
     cpu::dequantize_row(embd.type, row, x.data(), mc.n_embd);
     cpu::rms_norm(x.data(), m.layers()[0].attn_norm, xn.data(), mc.n_embd, mc.rms_eps);
-    retention_log_beta(*m.retention_gates(), 0, xn.data(), 1, log_beta.data(), pool);
+    retention_log_beta(*m.retention_gates(), 0, xn.data(), 1, log_beta.data(), gate_scratch, pool);
     for (int h = 0; h < mc.n_head_kv; ++h) {
       const auto& rate = rates[size_t(h)];
       ASSERT_NEAR(rate.at(int32_t(j)), log_beta[size_t(h)], 1e-5 * std::fabs(log_beta[size_t(h)]) + 1e-7)
           << "position " << j << " head " << h;
     }
+  }
+}
+
+// A prompt past budget + period is compressed by its own pass: layer 0
+// keeps the prompt tokens of the highest decayed retention at the prompt's
+// last position (rates recomputed from the embeddings).
+TEST(PolicyForward, TrimKvCompressesALongPromptByRetention) {
+  const Model& m = tiny_model_with_calibration();
+  const ModelConfig& mc = m.config();
+  const std::vector<int32_t> prompt = {1, 40, 75, 120, 3, 200, 17, 99, 140, 23, 61, 77, 5, 9, 180, 33, 250, 14};
+  const int32_t P = int32_t(prompt.size()), C = 8;
+  const PolicyConfig c = config("trimkv", {{"budget", std::to_string(C)}, {"period", "2"}});
+  Session s(m, &c, prompt);
+  ThreadPool pool(1);
+  RetentionScratch scratch;
+  std::vector<float> x(size_t(mc.n_embd)), xn(size_t(mc.n_embd)), log_beta(size_t(P) * size_t(mc.n_head_kv));
+  const cpu::WeightMatrix& embd = m.token_embd();
+  for (int32_t j = 0; j < P; ++j) {
+    const auto* row = static_cast<const uint8_t*>(embd.data) + size_t(prompt[size_t(j)]) * row_bytes(embd.type, size_t(mc.n_embd));
+    cpu::dequantize_row(embd.type, row, x.data(), mc.n_embd);
+    cpu::rms_norm(x.data(), m.layers()[0].attn_norm, xn.data(), mc.n_embd, mc.rms_eps);
+    retention_log_beta(*m.retention_gates(), 0, xn.data(), 1, log_beta.data() + size_t(j) * size_t(mc.n_head_kv),
+                       scratch, pool);
+  }
+  for (int h = 0; h < mc.n_head_kv; ++h) {
+    const std::span<const int32_t> kept = s.cache.positions(0, 0, h);
+    ASSERT_EQ(int32_t(kept.size()), C);
+    std::vector<std::pair<float, int32_t>> ranked;  // (-score, position): best first, older first on ties
+    for (int32_t j = 0; j < P; ++j) {
+      ranked.emplace_back(-float(P - 1 - j) * log_beta[size_t(j) * size_t(mc.n_head_kv) + size_t(h)], j);
+    }
+    std::sort(ranked.begin(), ranked.end());
+    std::vector<int32_t> want;
+    for (int32_t i = 0; i < C; ++i) want.push_back(ranked[size_t(i)].second);
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(std::vector<int32_t>(kept.begin(), kept.end()), want) << "head " << h;
   }
 }
 

@@ -15,7 +15,7 @@ namespace lazykv {
 
 struct RandomGatesSpec {
   int n_layer = 2, n_embd = 64, n_head_kv = 2, n_hidden = 16;
-  DType weights = DType::kF16;  // w1 and w2: F16 or F32; biases are F32
+  DType weights = DType::kF16;  // w1 and w2: F16, BF16 or F32; biases are F32
   float bias = 2.0f;            // the mean of the per-head bias (10 at the start of training)
   uint32_t seed = 1;
 };
@@ -35,7 +35,7 @@ inline std::vector<SafetensorsTensor> random_gate_tensors(const RandomGatesSpec&
       if (type == DType::kF32) {
         std::memcpy(bytes.data() + 4 * i, &v, 4);
       } else {
-        const uint16_t h = fp32_to_fp16(v);
+        const uint16_t h = type == DType::kF16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
         std::memcpy(bytes.data() + 2 * i, &h, 2);
       }
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 #include "common/error.h"
@@ -15,6 +16,7 @@
 #include "tests/unit/policy/random_gates.h"
 #include "tests/unit/temp_dir.h"
 #include "worker/format/tiny_model.h"
+#include "worker/local_worker.h"
 #include "worker/model.h"
 #include "worker/policy/policy.h"
 
@@ -29,7 +31,7 @@ float value_at(const SafetensorsTensor& t, size_t i) {
   }
   uint16_t h;
   std::memcpy(&h, t.data + 2 * i, 2);
-  return fp16_to_fp32(h);
+  return t.type == DType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
 }
 
 // log sigmoid(W2 silu(W1 x + b1) + bias), in double, from the file's tensors.
@@ -54,16 +56,18 @@ std::vector<double> reference_log_beta(const SafetensorsFile& f, int layer, cons
 TEST(RetentionGates, LogBetaMatchesADoublePrecisionReference) {
   TempDir dir;
   ThreadPool pool(2);
-  for (const DType type : {DType::kF16, DType::kF32}) {
+  for (const DType type : {DType::kF16, DType::kBF16, DType::kF32}) {
     RandomGatesSpec spec;
     spec.n_layer = 3;
     spec.n_embd = 72;
     spec.n_hidden = 24;
     spec.n_head_kv = 3;
     spec.weights = type;
-    const std::string path = dir.file(std::string("gates_") + (type == DType::kF16 ? "f16" : "f32"));
+    const std::string path = dir.file("gates_" + std::to_string(int(type)));
     write_random_gates(path, spec);
     const std::shared_ptr<const RetentionGates> gates = load_retention_gates(path);
+    const SafetensorsFile file = SafetensorsFile::open(path);
+    RetentionScratch scratch;
     ASSERT_EQ(gates->n_layer, 3);
     ASSERT_EQ(gates->n_embd, 72);
     ASSERT_EQ(gates->n_hidden, 24);
@@ -74,9 +78,9 @@ TEST(RetentionGates, LogBetaMatchesADoublePrecisionReference) {
     std::vector<float> x(size_t(n * spec.n_embd)), out(size_t(n * spec.n_head_kv));
     for (float& v : x) v = normal(rng);
     for (int layer = 0; layer < spec.n_layer; ++layer) {
-      retention_log_beta(*gates, layer, x.data(), n, out.data(), pool);
+      retention_log_beta(*gates, layer, x.data(), n, out.data(), scratch, pool);
       for (int64_t r = 0; r < n; ++r) {
-        const std::vector<double> want = reference_log_beta(gates->file, layer, x.data() + r * spec.n_embd, spec);
+        const std::vector<double> want = reference_log_beta(file, layer, x.data() + r * spec.n_embd, spec);
         for (int h = 0; h < spec.n_head_kv; ++h) {
           const float got = out[size_t(r * spec.n_head_kv + h)];
           EXPECT_LT(got, 0.0f);
@@ -100,7 +104,8 @@ TEST(RetentionGates, SaturatedGatesStayFinite) {
     write_random_gates(path, spec);
     const std::shared_ptr<const RetentionGates> gates = load_retention_gates(path);
     std::vector<float> x(size_t(spec.n_embd), 0.1f), out(size_t(spec.n_head_kv));
-    retention_log_beta(*gates, 0, x.data(), 1, out.data(), pool);
+    RetentionScratch scratch;
+    retention_log_beta(*gates, 0, x.data(), 1, out.data(), scratch, pool);
     for (float v : out) {
       ASSERT_TRUE(std::isfinite(v)) << "bias " << bias;
       if (bias > 0) {
@@ -157,14 +162,53 @@ TEST(RetentionGates, DefectiveFilesAreNamedErrors) {
   nan_bias[3].data = nan_bytes.data();
   expect_error(nan_bias, "layers.0.bias holds a value that is not finite");
 
+  std::vector<SafetensorsTensor> inf_weight = good;
+  std::vector<uint8_t> inf_bytes(inf_weight[0].data, inf_weight[0].data + inf_weight[0].bytes);
+  inf_bytes[2 * 17] = 0x00;  // f16 0x7c00: +inf, in layers.0.w1
+  inf_bytes[2 * 17 + 1] = 0x7c;
+  inf_weight[0].data = inf_bytes.data();
+  expect_error(inf_weight, "layers.0.w1 holds a value that is not finite");
+
   const std::string text = dir.file("text");
   std::ofstream(text) << "not a safetensors file at all";
-  EXPECT_THROW(load_retention_gates(text), Error);
+  try {
+    load_retention_gates(text);
+    ADD_FAILURE() << "a text file loaded as gates";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("retention gates " + text), std::string::npos) << e.what();
+  }
   try {
     load_retention_gates(dir.file("absent"));
     ADD_FAILURE() << "a missing file loaded";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  }
+}
+
+// A header of odd length puts every tensor at an odd offset: the gates are
+// copied out, so they load and give the same rates as an aligned file.
+TEST(RetentionGates, TensorsAtOddOffsetsLoadTheSame) {
+  TempDir dir;
+  RandomGatesSpec spec;
+  spec.weights = DType::kF32;
+  const std::string aligned = dir.file("aligned");
+  write_random_gates(aligned, spec);
+  std::ifstream in(aligned, std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  ASSERT_EQ(header % 2, 0u);
+  // One more space at the header's end (JSON allows it): the data starts one byte later.
+  bytes.insert(bytes.begin() + 8 + std::ptrdiff_t(header), ' ');
+  ++header;
+  std::memcpy(bytes.data(), &header, 8);
+  const std::string odd = dir.file("odd");
+  std::ofstream(odd, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  const auto a = load_retention_gates(aligned), b = load_retention_gates(odd);
+  for (int l = 0; l < spec.n_layer; ++l) {
+    EXPECT_EQ(a->layers[size_t(l)].w1, b->layers[size_t(l)].w1);
+    EXPECT_EQ(a->layers[size_t(l)].w2, b->layers[size_t(l)].w2);
   }
 }
 
@@ -199,6 +243,12 @@ TEST(RetentionGates, TheModelFindsItsGatesAndTrimkvSaysWhyWithout) {
   ASSERT_NE(fitted->retention_gates(), nullptr) << fitted->retention_gates_missing();
   EXPECT_EQ(policy_unavailable("trimkv", policy_shape(*fitted, 4)), "");
   EXPECT_NO_THROW(make_policy(make_policy_config("trimkv", {{"budget", "8"}}), policy_shape(*fitted, 4)));
+
+  // A worker on a GPU lists trimkv as unavailable (its pass hands no layer
+  // inputs to the host), so a request naming it is refused before any step.
+  const PolicyShape on_gpu = policy_shape_on(ComputeDevice::kCuda, policy_shape(*fitted, 4));
+  EXPECT_NE(policy_unavailable("trimkv", on_gpu).find("CPU backend only"), std::string::npos);
+  EXPECT_EQ(policy_unavailable("trimkv", policy_shape_on(ComputeDevice::kCpu, policy_shape(*fitted, 4))), "");
 }
 
 }  // namespace
