@@ -58,6 +58,7 @@ DEFAULTS = {
     "laq": {"budget": 512, "lookahead": 8, "recent": 8, "window": 32, "kernel": 7, "period": 128, "keep_prompt": 0},
     "skipkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1, "tau": 0.95, "penalty": 1.0,
                "min_sentence": 4, "max_sentence": 256, "steer": 0, "steer_step": 0.25, "steer_max": 2, "keep_prompt": 0},
+    "trimkv": {"budget": 512, "period": 1, "keep_prompt": 0},
 }
 RKV_LIKE = ("rkv", "skipkv")
 
@@ -166,7 +167,7 @@ class Head:
         self.last = []    # lazy last / raas timestamp
         self.mri = []
         self.attn = []    # h2o / tova / caote
-        self.score = []   # obcache
+        self.score = []   # obcache; trimkv: log beta
 
     def keep(self, idx):
         for name in ("pos", "keys", "last", "mri", "attn", "score"):
@@ -400,6 +401,10 @@ class Replay:
             hd.attn.append(F32(0))
         elif self.name == "obcache":
             hd.score.append(F32(0))
+        elif self.name == "trimkv":
+            tr = self.trace
+            rate = tr["prompt_log_beta"][h][pos] if pos < self.P else tr["steps"][pos - self.P]["log_beta"][h]
+            hd.score.append(F32(rate))
 
     def decode(self, i, step):
         self.t = i + 1
@@ -559,6 +564,9 @@ class Replay:
         if name == "triattention":
             self.select_triattention()
             return
+        if name == "trimkv":
+            self.select_trimkv()
+            return
         if name == "raas":
             if t < 1:
                 return
@@ -714,6 +722,20 @@ class Replay:
             check_margin(z, kept, f"triattention t={t}", abs_tol=1e-4)
             hd.keep(list(range(n_kept)) + [n_kept + i for i in kept])
 
+    def select_trimkv(self):
+        """TRIM-KV after any pass (the prefill too) that leaves a head holding
+        budget + period slots: each slot scores (t - j) * log beta_j in
+        float32, t the newest slot's position, and the head keeps its budget
+        highest (the kept prompt leading)."""
+        C, period = self.p["budget"], self.p["period"]
+        for hd in self.heads:
+            n = len(hd.pos)
+            if n < C + period:
+                continue
+            t = hd.pos[-1]
+            scores = np.array([F32(t - j) * F32(r) for j, r in zip(hd.pos, hd.score)], dtype=F32)
+            hd.keep(self.keep_top(scores, n, n, C, f"trimkv t={self.t}"))
+
     def state(self, h):
         hd = self.heads[h]
         if self.name == "lazy":
@@ -722,7 +744,7 @@ class Replay:
             return {"timestamp": list(map(int, hd.last))}
         if self.name in ("h2o", "tova", "caote"):
             return {"attn": [float(a) for a in hd.attn]}
-        if self.name == "obcache":
+        if self.name in ("obcache", "trimkv"):
             return {"score": [float(a) for a in hd.score]}
         return {}
 
@@ -787,6 +809,19 @@ def add_sentences(rng, trace, E=6, n_topics=3):
             topic = rng.integers(n_topics)
 
 
+def add_rates(rng, trace):
+    """TRIM-KV's retention rates, log beta per token and head: -e^N(-3, 1.5),
+    from 1e-4 to about 1 (beta from 0.9999 down to 0.4), 4 significant digits."""
+    H, P = trace["H"], len(trace["prompt_keys"][0])
+
+    def rate():
+        return float(f"{-math.exp(rng.normal(-3.0, 1.5)):.4g}")
+
+    trace["prompt_log_beta"] = [[rate() for _ in range(P)] for _ in range(H)]
+    for step in trace["steps"]:
+        step["log_beta"] = [rate() for _ in range(H)]
+
+
 def random_query_stats(rng, H, D):
     """Query centres and mean magnitudes for one layer of H query heads: the
     mean magnitude is the centre's plus a spread, as a measured one is."""
@@ -808,6 +843,8 @@ def generate(seed, policy, P, n_steps, accept=None, want_newest_case=False, **kw
             trace["query_stats"] = random_query_stats(rng, trace["H"], trace["D"])
         if policy["name"] == "skipkv":
             add_sentences(rng, trace)
+        if policy["name"] == "trimkv":
+            add_rates(rng, trace)
         r = Replay(trace)
         try:
             expected = r.run()
@@ -1002,6 +1039,12 @@ def cases():
                                           accept=lambda r, e: len(r.sentences.emb) > 256), 20)
     # No sentence ever ends: single slots only, R-KV's ranking.
     add("skipkv_no_sentences", generate(1530, dict(skip, min_sentence=4096, max_sentence=4096), 8, 50), 5)
+
+    trim = {"name": "trimkv", "budget": 12, "period": 1}
+    add("trimkv_random1", generate(1600, trim, 8, 60), 10)
+    # A prompt past budget + period, compressed by its own pass; then every 3 steps.
+    add("trimkv_prompt_evicted", generate(1610, dict(trim, budget=8, period=3), 14, 50), 8)
+    add("trimkv_keep_prompt", generate(1620, dict(trim, budget=14, keep_prompt=1), 6, 60), 10)
     return out
 
 

@@ -211,6 +211,10 @@ void EvictionPolicy::observe_layer_input(int layer, int32_t start_pos, const flo
 
 void EvictionPolicy::read_layer_input(int, int32_t, const float*, int64_t, ThreadPool&) {}
 
+void EvictionPolicy::observe_retention(int, int32_t, std::span<const float>, int64_t) {
+  throw Error(ErrorCode::kInternal, "policy " + config_.name + " takes no retention rates");
+}
+
 float EvictionPolicy::steering_scale(int32_t, int32_t) { return 0.0f; }
 
 void EvictionPolicy::end_draft(const DraftQueries&, KvCache&, SeqId) {}

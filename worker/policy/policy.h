@@ -174,6 +174,10 @@ class EvictionPolicy {
   // rows: [n][n_embd] for positions start_pos...; pool: the pass's threads.
   // Its time counts in policy_seconds().
   void observe_layer_input(int layer, int32_t start_pos, const float* rows, int64_t n, ThreadPool& pool);
+  // The rates themselves, log beta [n][the gates' n_head_kv] for positions
+  // start_pos..., where they come from elsewhere than the gates (trace
+  // replay). Only a policy that wants_layer_input takes them.
+  virtual void observe_retention(int layer, int32_t start_pos, std::span<const float> log_beta, int64_t n);
 
   // --- activation steering (skipkv) ---
   // The scale of shape().steering's vector to add to the residual after its

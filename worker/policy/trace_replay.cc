@@ -10,6 +10,7 @@
 #include "common/fp16.h"
 #include "worker/kv_cache.h"
 #include "worker/policy/policy.h"
+#include "worker/policy/retention_gates.h"
 
 namespace lazykv {
 namespace {
@@ -81,8 +82,18 @@ PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, i
   } else {
     shape.query_stats_missing = "the trace has no \"query_stats\"";
   }
-  // Rates come from the model's own layer inputs, which a trace does not carry.
-  shape.retention_gates_missing = "trace replay has no model to run retention gates on (run trimkv on a model)";
+  // trimkv: no model to run gates on, so the trace gives the rates
+  // ("prompt_log_beta", each step's "log_beta"); gates of that shape stand
+  // for the model's and are never run.
+  if (trace.contains("prompt_log_beta")) {
+    auto gates = std::make_shared<RetentionGates>();
+    gates->n_layer = 1;
+    gates->n_head_kv = H;
+    shape.retention_gates = std::move(gates);
+  } else {
+    shape.retention_gates_missing =
+        "the trace has no \"prompt_log_beta\" (trimkv's rates, [H][P], and \"log_beta\" [H] in every step)";
+  }
   return shape;
 }
 
@@ -123,6 +134,33 @@ void observe_step(EvictionPolicy& policy, const nlohmann::json& step, int32_t po
   if (hidden_dim == 0) hidden_dim = step["hidden"].size();
   const std::vector<float> hidden = vector_of(step["hidden"], int(hidden_dim), where + ".hidden");
   policy.observe_token(pos, step["token"].get<int32_t>(), hidden);
+}
+
+// Retention rates (log beta, finite and at most 0) for a policy that takes
+// them: the prompt's [H][P] ("prompt_log_beta") or a step's [H]
+// ("log_beta"), fed token-major as the gates give them.
+void observe_rates(EvictionPolicy& policy, const nlohmann::json& rates, int H, int32_t tokens, int32_t start_pos,
+                   const std::string& where) {
+  const bool one_token = start_pos >= policy.shape().prompt_len;
+  std::vector<std::vector<float>> heads;  // [H][tokens]
+  if (one_token) {
+    for (float r : vector_of(rates, H, where)) heads.push_back({r});
+  } else {
+    if (!rates.is_array() || int(rates.size()) != H) bad(where + " must hold H = " + std::to_string(H) + " heads");
+    for (int h = 0; h < H; ++h) heads.push_back(vector_of(rates[size_t(h)], tokens, where + "[" + std::to_string(h) + "]"));
+  }
+  std::vector<float> token_major(size_t(tokens) * size_t(H));
+  for (int h = 0; h < H; ++h) {
+    for (int32_t i = 0; i < tokens; ++i) {
+      const float r = heads[size_t(h)][size_t(i)];
+      if (r > 0.0f) {
+        bad(where + "[" + std::to_string(h) + "]" + (one_token ? "" : "[" + std::to_string(i) + "]") +
+            ": a rate is a log beta, at most 0");
+      }
+      token_major[size_t(i) * size_t(H) + size_t(h)] = r;
+    }
+  }
+  policy.observe_retention(0, start_pos, token_major, tokens);
 }
 
 }  // namespace
@@ -184,6 +222,7 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
         }
       }
     }
+    if (policy->wants_layer_input()) observe_rates(*policy, trace["prompt_log_beta"], H, P, 0, "prompt_log_beta");
     policy->end_step(0, cache, seq);
     if (const int32_t wanted = policy->draft_wanted()) {
       policy->end_draft(trace_draft(trace, H, D, wanted, P - 1), cache, seq);
@@ -211,6 +250,10 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
       attend(h, pos, vector_of(step["query"][size_t(h)], D, where + ".query[" + std::to_string(h) + "]"));
     }
     if (policy->wants_hidden()) observe_step(*policy, step, pos, where, hidden_dim);
+    if (policy->wants_layer_input()) {
+      if (!step.contains("log_beta")) bad(where + ": policy trimkv takes each token's rates: \"log_beta\" [H]");
+      observe_rates(*policy, step["log_beta"], H, 1, pos, where + ".log_beta");
+    }
     policy->end_step(0, cache, seq);
     if (const int32_t wanted = policy->draft_wanted()) {
       policy->end_draft(trace_draft(trace, H, D, wanted, pos), cache, seq);

@@ -33,6 +33,17 @@ class TrimKvPolicy final : public EvictionPolicy {
   // A prompt token's rate comes from its own layer inputs: none may skip the pass.
   int32_t reusable_prompt() const override { return 0; }
 
+  // Rates given directly (trace replay), as the gates would give them.
+  void observe_retention(int layer, int32_t start_pos, std::span<const float> log_beta, int64_t n) override {
+    if (int64_t(log_beta.size()) != n * gates_->n_head_kv) {
+      throw Error(ErrorCode::kInternal, "policy trimkv: rates of another shape");
+    }
+    Pending& p = pending_[size_t(layer)];
+    p.start_pos = start_pos;
+    p.tokens = int32_t(n);
+    p.all_heads.assign(log_beta.begin(), log_beta.end());
+  }
+
  protected:
   // A slot's rate is unknown until its layer input comes: NaN, so that a
   // rate never delivered is an error, never an immortal slot (0 = beta 1).

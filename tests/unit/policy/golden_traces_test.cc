@@ -64,11 +64,9 @@ TEST(GoldenTraces, DirectoryHoldsTraces) {
   ASSERT_FALSE(files.empty()) << "no golden traces in " << LAZYKV_TEST_DATA_DIR
                               << "/policy; run scripts/reference/policy_reference.py";
   // Every catalog policy has golden traces (lazy+tiers needs a kvstore: its
-  // own tests in tests/unit/tiers drive it; trimkv needs a model's layer
-  // inputs: PolicyForward.TrimKvEvictsTheLowestDecayedRetention checks its
-  // every eviction on the real pass).
+  // own tests in tests/unit/tiers drive it).
   for (const PolicyInfo& info : policy_catalog()) {
-    if (info.name == "lazy+tiers" || info.name == "trimkv") continue;
+    if (info.name == "lazy+tiers") continue;
     const std::string& policy = info.name;
     EXPECT_TRUE(std::any_of(files.begin(), files.end(),
                             [&](const fs::path& p) { return p.filename().string().rfind(policy + "_", 0) == 0; }))
@@ -128,18 +126,34 @@ TEST(GoldenTraces, SkipKvTraceWithoutHiddenStatesIsRefused) {
   EXPECT_NE(refusal(bad_end).find("\"sentence_ends\" holds token ids"), std::string::npos) << refusal(bad_end);
 }
 
-// trimkv's rates come from a model's layer inputs: a trace cannot run it,
-// and says so.
-TEST(GoldenTraces, TrimKvCannotReplayATrace) {
-  nlohmann::json trace = load(fs::path(LAZYKV_TEST_DATA_DIR) / "policy" / "skipkv_random1.json")["trace"];
-  trace["policy"] = {{"name", "trimkv"}, {"budget", 8}};
-  try {
-    replay_trace(trace);
-    ADD_FAILURE() << "trimkv replayed a trace";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("no model to run retention gates on"), std::string::npos) << e.what();
-  }
+// trimkv's rates come from a model's gates; a trace gives them instead
+// ("prompt_log_beta" [H][P], "log_beta" [H] per step), each a log beta
+// (finite, at most 0): else a clear error.
+TEST(GoldenTraces, TrimKvTraceWithoutRatesIsRefused) {
+  const nlohmann::json golden = load(fs::path(LAZYKV_TEST_DATA_DIR) / "policy" / "trimkv_random1.json");
+  const auto refusal = [](const nlohmann::json& trace) {
+    try {
+      replay_trace(trace);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  nlohmann::json no_prompt = golden["trace"];
+  no_prompt.erase("prompt_log_beta");
+  EXPECT_NE(refusal(no_prompt).find("the trace has no \"prompt_log_beta\""), std::string::npos) << refusal(no_prompt);
+  nlohmann::json no_step = golden["trace"];
+  no_step["steps"][4].erase("log_beta");
+  EXPECT_NE(refusal(no_step).find("steps[4]: policy trimkv takes each token's rates"), std::string::npos)
+      << refusal(no_step);
+  nlohmann::json positive = golden["trace"];
+  positive["steps"][2]["log_beta"][1] = 0.5;
+  EXPECT_NE(refusal(positive).find("steps[2].log_beta[1]: a rate is a log beta"), std::string::npos)
+      << refusal(positive);
+  nlohmann::json short_prompt = golden["trace"];
+  short_prompt["prompt_log_beta"][0].erase(0);
+  EXPECT_NE(refusal(short_prompt).find("prompt_log_beta[0]"), std::string::npos) << refusal(short_prompt);
 }
 
 std::string test_name(const ::testing::TestParamInfo<fs::path>& info) { return info.param.stem().string(); }
