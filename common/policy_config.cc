@@ -216,6 +216,16 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"period", 1, 1, kMaxSlots, true, "compress when a KV head holds budget + period slots (prefill included)"},
         keep_prompt_param(0)},
        {}, {}, ""},
+      {"epicache",
+       "EpiCache: a conversation's history prefilled in blocks, each time compressed to the slots its episode's "
+       "patched prompt attends to most; the question routed to that episode is answered on it (needs `lazykv eval "
+       "conversation`, which clusters the history into episodes)",
+       {budget_param(),
+        {"block", 512, 1, kMaxSlots, true, "history tokens prefilled between compressions"},
+        {"sinks", 4, 0, kMaxSlots, true, "first slots always kept (the system prompt's start)"},
+        {"uniform", 0, 0, 1, true,
+         "0: a layer's heads share budget x heads slots, the best scores win whichever head; 1: budget per head"}},
+       {"sinks"}, {}, "", true},
   };
   return catalog;
 }

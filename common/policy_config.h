@@ -37,6 +37,10 @@ struct PolicyInfo {
   // window or recent window), or empty: with keep_prompt=1 the prompt and
   // these must leave room in the budget for a scored slot.
   std::string recent;
+  // True for a policy that needs a conversation routed to an episode
+  // (epicache: lazykv eval conversation), which no single prompt gives; not
+  // among an evaluation's "all".
+  bool episodic = false;
 };
 
 // Every policy lazykv offers, in documentation order.

@@ -44,8 +44,9 @@ struct Active {
   std::unique_ptr<EvictionPolicy> policy;
   int32_t steps = 0;     // tokens this job produces in all
   int32_t pos = 0;       // position of the next token fed
+  int32_t fed = 0;       // tokens the current pass feeds
   int32_t next = 0;      // the next decode token
-  bool prefill = true;   // the prompt is not cached yet
+  bool prefill = true;   // the prompt is not cached yet (fed in blocks when the policy asks)
   bool done = false;
   LoopDetector loop{0};
 };
@@ -130,8 +131,9 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       std::unique_ptr<EvictionPolicy> policy;
       if (result.ok()) {
         try {
-          policy = make_policy(job.policy, policy_shape(model_, int32_t(job.prompt.size()),
-                                                        int32_t(job.prompt.size()) + steps));
+          PolicyShape shape = policy_shape(model_, int32_t(job.prompt.size()), int32_t(job.prompt.size()) + steps);
+          shape.episode = job.episode;
+          policy = make_policy(job.policy, shape);
         } catch (const Error& e) {
           result.error = e.what();
         }
@@ -157,10 +159,14 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
     if (active.empty()) continue;
 
     items.clear();
-    for (const Active& a : active) {
+    for (Active& a : active) {
       const Job& job = jobs[a.job];
       if (a.prefill) {
-        items.push_back(BatchItem{SeqId(a.job), job.prompt, 0, false, a.policy.get()});
+        const int32_t block = a.policy->prefill_block(a.pos);
+        a.fed = int32_t(job.prompt.size()) - a.pos;
+        if (block > 0) a.fed = std::min(a.fed, block);
+        const std::span<const int32_t> tokens = std::span(job.prompt).subspan(size_t(a.pos), size_t(a.fed));
+        items.push_back(BatchItem{SeqId(a.job), tokens, a.pos, false, a.policy.get()});
       } else {
         items.push_back(BatchItem{SeqId(a.job), {&a.next, 1}, a.pos, false, a.policy.get()});
       }
@@ -173,6 +179,11 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       Active& a = active[i];
       const Job& job = jobs[a.job];
       JobResult& result = results[a.job];
+      if (a.prefill && a.pos + a.fed < int32_t(job.prompt.size())) {  // a block: nothing sampled yet
+        result.prefill_seconds += seconds;
+        a.pos += a.fed;
+        continue;
+      }
       const std::span<const float> row = logits.subspan(i * model_vocab, vocab);
       const int32_t index = int32_t(result.tokens.size());
       if (on_logits) on_logits(a.job, index, row);
@@ -215,10 +226,13 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
       }
     }
     // Drafts after every job sampled (they reuse the pass's logits buffer),
-    // all together; each drafting job is charged their time, as a pass's.
+    // all together; each drafting job is charged their time, as a pass's. A
+    // job between prefill blocks has sampled nothing: its draft is the policy's own.
     std::vector<DraftRequest> drafts;
     for (const Active& a : active) {
-      if (!a.done && a.policy->draft_wanted() > 0) drafts.push_back({SeqId(a.job), a.policy.get(), a.next, a.pos});
+      if (!a.done && a.policy->draft_wanted() > 0) {
+        drafts.push_back({SeqId(a.job), a.policy.get(), a.prefill ? -1 : a.next, a.pos});
+      }
     }
     if (!drafts.empty()) {
       const auto d0 = Clock::now();

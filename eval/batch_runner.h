@@ -37,6 +37,9 @@ struct Job {
   // next such job (at most a batch of them) then start, step and, when they
   // have equal lengths, finish together.
   bool wait_for_idle = false;
+  // epicache's episode: its patched prompt and the history it compresses
+  // (eval/conversation.h); null for any other job.
+  std::shared_ptr<const EpisodePrompt> episode;
 };
 
 struct JobResult {

@@ -183,7 +183,7 @@ std::vector<std::string> parse_policies(const std::string& text) {
   for (const std::string& name : split_list(text)) {
     if (name == "all") {
       for (const PolicyInfo& info : policy_catalog()) {
-        if (info.name != "full") names.push_back(info.name);
+        if (info.name != "full" && !info.episodic) names.push_back(info.name);
       }
       continue;
     }

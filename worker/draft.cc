@@ -53,7 +53,8 @@ class DraftCapture final : public EvictionPolicy {
 
  private:
   static PolicyShape unbounded(PolicyShape shape) {
-    shape.max_len = 0;  // the ring must hold every draft token
+    shape.max_len = 0;     // the ring must hold every draft token
+    shape.prompt_len = 0;  // ... and a draft in the owner's prompt (epicache's) keeps its queries too
     return shape;
   }
   std::vector<int32_t> positions_, zeros_;
@@ -81,6 +82,7 @@ std::vector<DraftRun> run_drafts(ForwardBackend& forward, KvCache& cache, Tensor
   std::vector<DraftRun> runs(n);
   std::vector<std::unique_ptr<DraftCapture>> captures;
   std::vector<int32_t> wanted(n), next(n);
+  std::vector<std::span<const int32_t>> given(n);  // a policy's own draft tokens, fed in the first pass
   struct Remove {  // the copies go whatever happens
     KvCache& cache;
     size_t added = 0;
@@ -92,6 +94,10 @@ std::vector<DraftRun> run_drafts(ForwardBackend& forward, KvCache& cache, Tensor
   for (size_t i = 0; i < n; ++i) {
     const DraftRequest& r = requests[i];
     wanted[i] = r.policy->draft_wanted();
+    given[i] = r.policy->draft_tokens();
+    if (!given[i].empty() && int32_t(given[i].size()) != wanted[i]) {
+      throw Error(ErrorCode::kInternal, "draft: a policy gives a draft of other than the tokens it wants");
+    }
     next[i] = r.token;
     captures.push_back(std::make_unique<DraftCapture>(*r.policy, wanted[i]));
     cache.add_sequence(kDraftSeq + SeqId(i), r.policy->heads_per_layer());
@@ -100,15 +106,17 @@ std::vector<DraftRun> run_drafts(ForwardBackend& forward, KvCache& cache, Tensor
   }
   if (group.world() > 1 && n > 0) group.all_reduce_sum(full.data(), n);
   for (size_t i = 0; i < n; ++i) runs[i].out_of_memory = full[i] > 0;
-  // One pass per draft token over every draft still running.
+  // One pass per draft token over every draft still running; given drafts
+  // go whole in the first.
   std::vector<BatchItem> items;
   std::vector<size_t> owner;
   for (int32_t t = 0;; ++t) {
     items.clear();
     owner.clear();
     for (size_t i = 0; i < n; ++i) {
-      if (runs[i].out_of_memory || t >= wanted[i]) continue;
-      items.push_back(BatchItem{kDraftSeq + SeqId(i), {&next[i], 1}, requests[i].pos + t, false, captures[i].get()});
+      if (runs[i].out_of_memory || t >= wanted[i] || (!given[i].empty() && t > 0)) continue;
+      const std::span<const int32_t> tokens = given[i].empty() ? std::span<const int32_t>(&next[i], 1) : given[i];
+      items.push_back(BatchItem{kDraftSeq + SeqId(i), tokens, requests[i].pos + t, false, captures[i].get()});
       owner.push_back(i);
     }
     if (items.empty()) break;
@@ -122,6 +130,10 @@ std::vector<DraftRun> run_drafts(ForwardBackend& forward, KvCache& cache, Tensor
     }
     for (size_t k = 0; k < owner.size(); ++k) {
       const size_t i = owner[k];
+      if (!given[i].empty()) {
+        runs[i].tokens.assign(given[i].begin(), given[i].end());
+        continue;
+      }
       runs[i].tokens.push_back(next[i]);
       next[i] = argmax(logits.subspan(k * row_stride, std::min(n_vocab, row_stride)));
     }

@@ -1,9 +1,11 @@
 // The draft a policy may ask for before it compacts (laq's lookahead):
 // a few tokens decoded greedily on a compressed copy of a sequence's cache,
-// through the ordinary forward pass, then thrown away. Only their queries
+// through the ordinary forward pass, then thrown away; or tokens the policy
+// gives (epicache's patched prompt), fed in one pass on a copy. Only their queries
 // are kept; they go to the policy, which compacts the real cache with them.
-// The worker and the eval harness call this after sampling a step, for every
-// sequence whose policy's draft_wanted() is above 0.
+// The worker and the eval harness call this after sampling a step (the eval
+// harness also after a prefill block), for every sequence whose policy's
+// draft_wanted() is above 0.
 #pragma once
 
 #include <cstdint>
@@ -25,15 +27,15 @@ inline constexpr int32_t kMaxDrafts = 1 << 20;
 inline bool is_draft_seq(SeqId seq) { return seq >= kDraftSeq && seq < kDraftSeq + kMaxDrafts; }
 
 struct DraftRun {
-  std::vector<int32_t> tokens;  // fed to the draft: `token`, then the greedy ones
+  std::vector<int32_t> tokens;  // fed to the draft: `token`, then the greedy ones (or the policy's own)
   bool out_of_memory = false;   // the cache had no room for the copy or a token: fewer queries
 };
 
 struct DraftRequest {
   SeqId seq = 0;
   EvictionPolicy* policy = nullptr;  // its draft_wanted() > 0
-  int32_t token = -1;                // the token sampled for `seq`, fed first
-  int32_t pos = 0;                   // its position
+  int32_t token = -1;                // the token sampled for `seq`, fed first (unused when the policy gives its draft)
+  int32_t pos = 0;                   // its position: the draft's first
 };
 
 // Every request's draft at once: one forward pass per draft token over all

@@ -59,6 +59,7 @@ DEFAULTS = {
     "skipkv": {"budget": 512, "period": 128, "window": 8, "kernel": 7, "lambda": 0.1, "tau": 0.95, "penalty": 1.0,
                "min_sentence": 4, "max_sentence": 256, "steer": 0, "steer_step": 0.25, "steer_max": 2, "keep_prompt": 0},
     "trimkv": {"budget": 512, "period": 1, "keep_prompt": 0},
+    "epicache": {"budget": 512, "block": 512, "sinks": 4, "uniform": 0},
 }
 RKV_LIKE = ("rkv", "skipkv")
 
@@ -277,6 +278,8 @@ class Replay:
         self.t = 0
         self.peak = 0
         self.saw_tie_at_cut = False
+        self.compressions = 0         # epicache: blocks of history compressed
+        self.newest_only = False      # epicache: a head left with its newest slot alone
         if self.name == "skipkv":
             self.sentences = Sentences(self.P, self.p, set(trace.get("sentence_ends", [])))
 
@@ -365,6 +368,9 @@ class Replay:
 
     # --- passes ---
     def prefill(self):
+        if self.name == "epicache":
+            self.prefill_episode()
+            return
         tr = self.trace
         for h in range(self.H):
             for p in range(self.P):
@@ -385,6 +391,25 @@ class Replay:
                         hd = self.heads[h]
                         hd.attn = [F32(a + b) for a, b in zip(hd.attn, pr)]
         self.select(prompt_completed=self.P > 0)
+
+    def prefill_episode(self):
+        """EpiCache's prompt: the history (its first history_len tokens, all
+        when absent) in passes of `block` tokens, each followed, when the
+        layer is over budget, by a compression scored by the draft; the rest
+        (the question) in one pass, never compressed. The trace's prompt
+        queries score nothing here."""
+        tr, B = self.trace, self.p["block"]
+        history = tr.get("history_len", self.P)
+        pos = 0
+        while pos < self.P:
+            n = min(B, history - pos) if pos < history else self.P - pos
+            for h in range(self.H):
+                for p in range(pos, pos + n):
+                    self.append(h, p, tr["prompt_keys"][h][p])
+            self.peak = max(self.peak, sum(len(hd.pos) for hd in self.heads))
+            pos += n
+            if pos <= history and self.epicache_over_budget():
+                self.select_epicache()
 
     def append(self, h, pos, key):
         hd = self.heads[h]
@@ -567,6 +592,8 @@ class Replay:
         if name == "trimkv":
             self.select_trimkv()
             return
+        if name == "epicache":
+            return  # the history was compressed in the prompt's blocks; nothing after it is evicted
         if name == "raas":
             if t < 1:
                 return
@@ -620,6 +647,49 @@ class Replay:
             acc = (acc / F32(max(len(rows), 1))).astype(F32)
             scores = np.concatenate([max_pool1d(acc, K), np.zeros(R, dtype=F32)])
             hd.keep(self.keep_top(scores, nc, n, C - R, f"laq t={t}"))
+
+    def epicache_over_budget(self):
+        """Joint: the layer holds more than budget x H slots; uniform: a head more than budget."""
+        C = self.p["budget"]
+        sizes = [len(hd.pos) for hd in self.heads]
+        return any(n > C for n in sizes) if self.p["uniform"] else sum(sizes) > C * self.H
+
+    def select_epicache(self):
+        """Every slot scores the most probability any draft query gives it
+        (each draft query comes after the block: it sees every slot), the
+        first `sinks` slots of a head infinite. Joint: the layer keeps its
+        budget x H best (head, slot) entries, ties to the lower slot, then
+        the lower head, and a head left with none keeps its newest slot
+        (consulted the code, as for the sinks being slots, not positions).
+        Uniform: each head over budget keeps its budget best, ties older first."""
+        C, S = self.p["budget"], self.p["sinks"]
+        self.compressions += 1
+        draft = [[np.asarray(q, dtype=np.float64).astype(F32) for q in d] for d in self.trace["draft_queries"]]
+        scores = []
+        for h, hd in enumerate(self.heads):
+            best = np.zeros(len(hd.pos), dtype=F32)
+            for d in draft:
+                best = np.maximum(best, self.probs(h, d[h], math.inf))
+            best[:S] = np.inf
+            scores.append(best)
+        what = f"epicache block {self.compressions}"
+        if self.p["uniform"]:
+            for h, hd in enumerate(self.heads):
+                n = len(hd.pos)
+                if n > C:
+                    hd.keep(self.keep_top(scores[h], n, n, C, f"{what} head {h}", infinite_apart=True))
+            return
+        entries = [(h, j) for h in range(self.H) for j in range(len(self.heads[h].pos))]
+        values = np.array([scores[h][j] for h, j in entries], dtype=F32)
+        best_first = sorted(range(len(entries)), key=lambda e: (-float(values[e]), entries[e][1], entries[e][0]))
+        kept = best_first[:C * self.H]
+        check_margin(values, kept, what, infinite_apart=True)
+        for h, hd in enumerate(self.heads):
+            mine = sorted(entries[e][1] for e in kept if entries[e][0] == h)
+            if not mine:
+                mine = [len(hd.pos) - 1]
+                self.newest_only = True
+            hd.keep(mine)
 
     def select_vase(self):
         """VaSE at decode steps where a head holds more than the budget and a
@@ -765,9 +835,12 @@ def rounded(x, digits=4):
     return [round(float(v), digits) for v in np.ravel(x)]
 
 
-def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpness=(2.0, 6.0), draft=0):
+def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpness=(2.0, 6.0), draft=0,
+                 history=None):
     """Keys: a few recurring 'topics' plus noise; each query aims at one or two
-    earlier keys with a random sharpness, so some slots pass alpha, many not."""
+    earlier keys with a random sharpness, so some slots pass alpha, many not.
+    history: the prompt's first tokens that are history (epicache), at which
+    the draft queries aim."""
     n = P + n_steps
     topics = rng.normal(size=(4, D))
     keys = np.empty((H, n, D))
@@ -788,8 +861,11 @@ def random_trace(rng, policy, P, n_steps, H=2, D=8, prompt_queries=False, sharpn
         trace["prompt_queries"] = [[rounded(query_for(h, p)) for p in range(P)] for h in range(H)]
     trace["steps"] = [{"query": [rounded(query_for(h, P + i)) for h in range(H)],
                        "new_key": [rounded(keys[h, P + i]) for h in range(H)]} for i in range(n_steps)]
+    if history is not None:
+        trace["history_len"] = history
     if draft:
-        trace["draft_queries"] = [[rounded(query_for(h, n - 1)) for h in range(H)] for _ in range(draft)]
+        aim = (history or n) - 1
+        trace["draft_queries"] = [[rounded(query_for(h, aim)) for h in range(H)] for _ in range(draft)]
     return trace
 
 
@@ -1045,6 +1121,28 @@ def cases():
     # A prompt past budget + period, compressed by its own pass; then every 3 steps.
     add("trimkv_prompt_evicted", generate(1610, dict(trim, budget=8, period=3), 14, 50), 8)
     add("trimkv_keep_prompt", generate(1620, dict(trim, budget=14, keep_prompt=1), 6, 60), 10)
+
+    # EpiCache compresses the history between its blocks; the question and
+    # the steps go on unevicted, so each step's kept sets show the history's.
+    epi = {"name": "epicache", "budget": 6, "block": 5, "sinks": 2}
+    compressed = lambda at_least: lambda r, e: r.compressions >= at_least  # noqa: E731
+
+    def history_kept(e, history):
+        return [sum(1 for pos in kept if pos < history) for kept in e["steps"][0]["kept"]]
+
+    # Joint budget: the heads end up holding different shares of it; blocks
+    # of 5, 5, 5 and 2 history tokens, then a question of 7.
+    add("epicache_random1", generate(1700, epi, 24, 10, prompt_queries=True, draft=3, history=17,
+                                     accept=lambda r, e: r.compressions >= 3 and len(set(history_kept(e, 17))) > 1))
+    add("epicache_uniform", generate(1710, dict(epi, budget=5, block=4, sinks=1, uniform=1), 20, 8, draft=4,
+                                     history=14, accept=compressed(3)))
+    # Budget 1 over three heads and no sinks: a head the best three entries
+    # all miss keeps its newest slot alone.
+    add("epicache_sinks0", generate(1720, dict(epi, budget=1, block=3, sinks=0), 12, 8, H=3, draft=2, history=10,
+                                    accept=lambda r, e: r.compressions >= 3 and r.newest_only))
+    # No "history_len": the whole prompt is history, its last block compressed too.
+    add("epicache_no_question", generate(1730, dict(epi, budget=5, block=6, sinks=2), 20, 8, draft=5,
+                                         accept=compressed(4)))
     return out
 
 

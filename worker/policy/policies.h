@@ -24,6 +24,7 @@ std::unique_ptr<EvictionPolicy> make_triattention_policy(const PolicyConfig& con
 std::unique_ptr<EvictionPolicy> make_laq_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_skipkv_policy(const PolicyConfig& config, const PolicyShape& shape);
 std::unique_ptr<EvictionPolicy> make_trimkv_policy(const PolicyConfig& config, const PolicyShape& shape);
+std::unique_ptr<EvictionPolicy> make_epicache_policy(const PolicyConfig& config, const PolicyShape& shape);
 
 // What a policy needs of the model beyond its shape; policy_unavailable()
 // names them, and the policy's factory refuses a shape that lacks it. Each
@@ -31,5 +32,6 @@ std::unique_ptr<EvictionPolicy> make_trimkv_policy(const PolicyConfig& config, c
 std::string triattention_unavailable(const PolicyShape& shape);
 std::string skipkv_unavailable(const PolicyShape& shape);
 std::string trimkv_unavailable(const PolicyShape& shape);
+std::string epicache_unavailable(const PolicyShape& shape);
 
 }  // namespace lazykv

@@ -326,7 +326,7 @@ const std::map<std::string, PolicyFactory>& policy_factories() {
       {"snapkv", make_snapkv_policy},   {"rkv", make_rkv_policy},     {"raas", make_raas_policy},
       {"caote", make_caote_policy},     {"obcache", make_obcache_policy}, {"vase", make_vase_policy},
       {"triattention", make_triattention_policy}, {"laq", make_laq_policy},   {"skipkv", make_skipkv_policy},
-      {"trimkv", make_trimkv_policy},
+      {"trimkv", make_trimkv_policy},       {"epicache", make_epicache_policy},
   };
   return factories;
 }
@@ -335,7 +335,8 @@ std::string policy_unavailable(const std::string& name, const PolicyShape& shape
   using Check = std::string (*)(const PolicyShape&);
   static const std::map<std::string, Check> checks = {{"triattention", triattention_unavailable},
                                                        {"skipkv", skipkv_unavailable},
-                                                       {"trimkv", trimkv_unavailable}};
+                                                       {"trimkv", trimkv_unavailable},
+                                                       {"epicache", epicache_unavailable}};
   const auto it = checks.find(name);
   return it == checks.end() ? std::string() : it->second(shape);
 }

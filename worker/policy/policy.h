@@ -35,6 +35,17 @@ namespace lazykv {
 
 struct RetentionGates;  // worker/policy/retention_gates.h
 
+// What epicache compresses a conversation's history for: the tokens of the
+// episode's patched prompt (its medoid segments after an instruction),
+// whose queries score the cache, and how many of the request's prompt
+// tokens are the history (the rest, the question, is appended after the
+// compression and never evicted). The conversation harness routes each
+// question to an episode and sets this (eval/conversation.h).
+struct EpisodePrompt {
+  std::vector<int32_t> tokens;
+  int32_t history_len = 0;
+};
+
 struct PolicyShape {
   int n_layer = 0;
   int n_head_kv = 0;
@@ -68,6 +79,8 @@ struct PolicyShape {
   // trimkv's retention gates (null: none, and why).
   std::shared_ptr<const RetentionGates> retention_gates;
   std::string retention_gates_missing;
+  // epicache's episode (null: the request was not routed to one).
+  std::shared_ptr<const EpisodePrompt> episode;
 };
 
 struct ModelConfig;
@@ -184,10 +197,18 @@ class EvictionPolicy {
   // layer for the decode token at pos (0: none). Asked before the pass.
   virtual float steering_scale(int32_t pos, int32_t token);
 
-  // --- draft (laq) ---
+  // --- draft (laq, epicache) ---
   // The draft tokens the policy waits for before it compacts (0: none). A
   // policy that defers its compaction this way gets it done in end_draft.
   virtual int32_t draft_wanted() const { return 0; }
+  // The draft's tokens when the policy gives them (epicache's patched
+  // prompt, draft_wanted() of them, fed in one pass); empty: the draft
+  // decodes greedily from the sampled token.
+  virtual std::span<const int32_t> draft_tokens() const { return {}; }
+  // The most prompt tokens the next pass may feed from position pos, for a
+  // policy that compresses between blocks of its prompt (epicache); 0: any.
+  // A draft may follow each block (draft_wanted), before anything is sampled.
+  virtual int32_t prefill_block(int32_t) const { return 0; }
   // The slots of (layer, head) the draft runs on: keep receives the indices
   // (increasing) of a copy the size of the budget. Every slot by default.
   virtual void draft_slots(int layer, int head, const KvCache& cache, SeqId seq, std::vector<int32_t>& keep);
@@ -261,6 +282,8 @@ class EvictionPolicy {
   // The request's own prompt: prompt_len() less the generated tokens a
   // resumed sequence prefills again (what a policy that keeps the prompt keeps).
   int32_t own_prompt_len() const { return shape_.prompt_len - shape_.resumed_tokens; }
+  // The position after the current pass's last token.
+  int32_t pass_end() const { return pass_end_; }
   // True in the end_step of the pass that appended the prompt's last token.
   bool prompt_just_completed() const { return pass_start_ < shape_.prompt_len && pass_end_ >= shape_.prompt_len; }
   // The decode step a position belongs to (0 for prompt positions).

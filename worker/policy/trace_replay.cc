@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,6 +42,28 @@ std::vector<uint16_t> to_half(const std::vector<float>& x) {
   std::vector<uint16_t> h(x.size());
   for (size_t i = 0; i < x.size(); ++i) h[i] = fp32_to_fp16(x[i]);
   return h;
+}
+
+// epicache's episode: "draft_queries" stand for its patched prompt's queries
+// (one dummy token each: no model reads them), and the prompt's first
+// "history_len" tokens (all P when absent) are the history. None without
+// draft queries.
+std::shared_ptr<const EpisodePrompt> trace_episode(const nlohmann::json& trace, int32_t P) {
+  auto episode = std::make_shared<EpisodePrompt>();
+  episode->history_len = P;
+  if (trace.contains("history_len")) {
+    const nlohmann::json& history = trace["history_len"];
+    if (!history.is_number_integer() || history.get<int64_t>() < 1 || history.get<int64_t>() > P) {
+      bad("\"history_len\" (the prompt's first tokens that are history) must be an integer in [1, P = " +
+          std::to_string(P) + "]");
+    }
+    episode->history_len = history.get<int32_t>();
+  }
+  if (!trace.contains("draft_queries") || !trace["draft_queries"].is_array() || trace["draft_queries"].empty()) {
+    return nullptr;
+  }
+  episode->tokens.assign(trace["draft_queries"].size(), 0);
+  return episode;
 }
 
 // One layer of H KV heads with a query each. Keys are RoPE'd NeoX-style with
@@ -94,6 +117,7 @@ PolicyShape replay_shape(const nlohmann::json& trace, int H, int D, int32_t P, i
     shape.retention_gates_missing =
         "the trace has no \"prompt_log_beta\" (trimkv's rates, [H][P], and \"log_beta\" [H] in every step)";
   }
+  shape.episode = trace_episode(trace, P);
   return shape;
 }
 
@@ -137,24 +161,26 @@ void observe_step(EvictionPolicy& policy, const nlohmann::json& step, int32_t po
 }
 
 // Retention rates (log beta, finite and at most 0) for a policy that takes
-// them: the prompt's [H][P] ("prompt_log_beta") or a step's [H]
-// ("log_beta"), fed token-major as the gates give them.
+// them: the prompt's [H][P] ("prompt_log_beta"), of which the tokens of the
+// pass, or a step's [H] ("log_beta"), fed token-major as the gates give them.
 void observe_rates(EvictionPolicy& policy, const nlohmann::json& rates, int H, int32_t tokens, int32_t start_pos,
                    const std::string& where) {
-  const bool one_token = start_pos >= policy.shape().prompt_len;
-  std::vector<std::vector<float>> heads;  // [H][tokens]
+  const int32_t P = policy.shape().prompt_len;
+  const bool one_token = start_pos >= P;
+  const int32_t first = one_token ? 0 : start_pos;  // the pass's first rate in heads[h]
+  std::vector<std::vector<float>> heads;            // [H][1] or [H][P]
   if (one_token) {
     for (float r : vector_of(rates, H, where)) heads.push_back({r});
   } else {
     if (!rates.is_array() || int(rates.size()) != H) bad(where + " must hold H = " + std::to_string(H) + " heads");
-    for (int h = 0; h < H; ++h) heads.push_back(vector_of(rates[size_t(h)], tokens, where + "[" + std::to_string(h) + "]"));
+    for (int h = 0; h < H; ++h) heads.push_back(vector_of(rates[size_t(h)], P, where + "[" + std::to_string(h) + "]"));
   }
   std::vector<float> token_major(size_t(tokens) * size_t(H));
   for (int h = 0; h < H; ++h) {
     for (int32_t i = 0; i < tokens; ++i) {
-      const float r = heads[size_t(h)][size_t(i)];
+      const float r = heads[size_t(h)][size_t(first + i)];
       if (r > 0.0f) {
-        bad(where + "[" + std::to_string(h) + "]" + (one_token ? "" : "[" + std::to_string(i) + "]") +
+        bad(where + "[" + std::to_string(h) + "]" + (one_token ? "" : "[" + std::to_string(first + i) + "]") +
             ": a rate is a log beta, at most 0");
       }
       token_major[size_t(i) * size_t(H) + size_t(h)] = r;
@@ -162,6 +188,123 @@ void observe_rates(EvictionPolicy& policy, const nlohmann::json& rates, int H, i
   }
   policy.observe_retention(0, start_pos, token_major, tokens);
 }
+
+// One replay: the policy over a one-layer cache, fed the trace's prompt in
+// the blocks the policy asks for and then its steps.
+class Replay {
+ public:
+  Replay(const nlohmann::json& trace, const PolicyConfig& config, int H, int D, int32_t P, int32_t n_total)
+      : trace_(trace), H_(H), D_(D), P_(P), cache_({1, H, D, 64, 0}), shape_(replay_shape(trace, H, D, P, n_total)),
+        probs_(size_t(n_total)), out_(size_t(D)) {
+    if (config.name == "epicache" && !shape_.episode) {  // make_policy's "no episode" would point to the eval harness
+      bad("policy epicache compresses the history for an episode: \"draft_queries\" must give the queries of "
+          "its patched prompt, [tokens][H][D] (and \"history_len\" the history, P when absent)");
+    }
+    policy_ = make_policy(config, shape_);
+    cache_.add_sequence(kSeq, policy_->heads_per_layer());
+  }
+
+  const EvictionPolicy& policy() const { return *policy_; }
+
+  // The prompt: one pass, or the blocks of a policy that compresses between
+  // them (epicache's history), each perhaps followed by a draft.
+  void prefill() {
+    for (int32_t pos = 0; pos < P_;) {
+      const int32_t block = policy_->prefill_block(pos);
+      const int32_t n = block > 0 ? std::min(block, P_ - pos) : P_ - pos;
+      prompt_pass(pos, n);
+      pos += n;
+    }
+  }
+
+  // Decode step i + 1 (the token at P + i); returns what the step reports.
+  nlohmann::json decode(size_t i) {
+    const nlohmann::json& step = trace_["steps"][i];
+    const std::string where = "steps[" + std::to_string(i) + "]";
+    if (!step.is_object() || !step.contains("query") || !step.contains("new_key") || !step["query"].is_array() ||
+        !step["new_key"].is_array() || int(step["query"].size()) != H_ || int(step["new_key"].size()) != H_) {
+      bad(where + " must be {\"query\": [H][D], \"new_key\": [H][D]}");
+    }
+    const int32_t pos = P_ + int32_t(i);
+    cache_.reserve(kSeq, 1);
+    policy_->begin_step(pos, 1);
+    for (int h = 0; h < H_; ++h) {
+      const std::vector<uint16_t> k =
+          to_half(vector_of(step["new_key"][size_t(h)], D_, where + ".new_key[" + std::to_string(h) + "]"));
+      cache_.append(kSeq, 0, h, pos, k.data(), k.data());
+    }
+    for (int h = 0; h < H_; ++h) {
+      attend(h, pos, vector_of(step["query"][size_t(h)], D_, where + ".query[" + std::to_string(h) + "]"));
+    }
+    if (policy_->wants_hidden()) observe_step(*policy_, step, pos, where, hidden_dim_);
+    if (policy_->wants_layer_input()) {
+      if (!step.contains("log_beta")) bad(where + ": policy trimkv takes each token's rates: \"log_beta\" [H]");
+      observe_rates(*policy_, step["log_beta"], H_, 1, pos, where + ".log_beta");
+    }
+    end_pass(pos);
+    nlohmann::json kept = nlohmann::json::array(), state = nlohmann::json::array();
+    for (int h = 0; h < policy_->heads_per_layer(); ++h) {
+      const std::span<const int32_t> p = cache_.positions(kSeq, 0, h);
+      kept.push_back(std::vector<int32_t>(p.begin(), p.end()));
+      state.push_back(policy_->slot_state(0, h));
+    }
+    return {{"t", policy_->step()}, {"kept", kept}, {"state", state}};
+  }
+
+ private:
+  static constexpr SeqId kSeq = 0;
+
+  // Attention of query q at position pos over head h's cache, recording the
+  // statistics the policy asks for and keeping the query when it wants it.
+  void attend(int h, int32_t pos, const std::vector<float>& q) {
+    if (float* keep = policy_->query_buffer(0, h, pos)) std::copy(q.begin(), q.end(), keep);
+    cpu::attention_group(q.data(), 1, D_, cache_.view(kSeq, 0, h), pos, shape_.attn_scale, probs_.data(),
+                         out_.data(), nullptr, policy_->stats(0, h, pos));
+  }
+
+  // One pass over the prompt's tokens [pos, pos + n).
+  void prompt_pass(int32_t pos, int32_t n) {
+    cache_.reserve(kSeq, n);
+    policy_->begin_step(pos, n);
+    for (int h = 0; h < H_; ++h) {
+      for (int32_t p = pos; p < pos + n; ++p) {
+        const std::string where = "prompt_keys[" + std::to_string(h) + "][" + std::to_string(p) + "]";
+        const std::vector<uint16_t> k = to_half(vector_of(trace_["prompt_keys"][size_t(h)][size_t(p)], D_, where));
+        cache_.append(kSeq, 0, h, p, k.data(), k.data());
+      }
+    }
+    if (trace_.contains("prompt_queries")) {
+      for (int h = 0; h < H_; ++h) {
+        const nlohmann::json& qs = trace_["prompt_queries"][size_t(h)];
+        const std::string where = "prompt_queries[" + std::to_string(h) + "]";
+        if (!qs.is_array() || int32_t(qs.size()) != P_) bad(where + " must hold P queries");
+        for (int32_t p = pos; p < pos + n; ++p) {
+          attend(h, p, vector_of(qs[size_t(p)], D_, where + "[" + std::to_string(p) + "]"));
+        }
+      }
+    }
+    if (policy_->wants_layer_input()) observe_rates(*policy_, trace_["prompt_log_beta"], H_, n, pos, "prompt_log_beta");
+    end_pass(pos + n - 1);
+  }
+
+  // After the pass whose last token is at last_pos: the policy's end_step,
+  // and the draft it then waits for, whose queries sit right after it.
+  void end_pass(int32_t last_pos) {
+    policy_->end_step(0, cache_, kSeq);
+    if (const int32_t wanted = policy_->draft_wanted()) {
+      policy_->end_draft(trace_draft(trace_, H_, D_, wanted, last_pos), cache_, kSeq);
+    }
+  }
+
+  const nlohmann::json& trace_;
+  const int H_, D_;
+  const int32_t P_;
+  KvCache cache_;
+  const PolicyShape shape_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<float> probs_, out_;
+  size_t hidden_dim_ = 0;  // the first step's
+};
 
 }  // namespace
 
@@ -187,86 +330,11 @@ nlohmann::json replay_trace(const nlohmann::json& trace) {
   if (!trace.contains("steps") || !trace["steps"].is_array()) bad("\"steps\" must be an array");
   const nlohmann::json& steps = trace["steps"];
 
-  const int32_t n_total = P + int32_t(steps.size());
-  KvCache cache({1, H, D, 64, 0});
-  const PolicyShape shape = replay_shape(trace, H, D, P, n_total);
-  std::unique_ptr<EvictionPolicy> policy = make_policy(config, shape);
-  const SeqId seq = 0;
-  cache.add_sequence(seq, policy->heads_per_layer());
-  std::vector<float> probs(static_cast<size_t>(n_total)), out(static_cast<size_t>(D));
-
-  // Attention of query q at position pos over head h's cache, recording the
-  // statistics the policy asks for and keeping the query when it wants it.
-  const auto attend = [&](int h, int32_t pos, const std::vector<float>& q) {
-    if (float* keep = policy->query_buffer(0, h, pos)) std::copy(q.begin(), q.end(), keep);
-    cpu::attention_group(q.data(), 1, D, cache.view(seq, 0, h), pos, shape.attn_scale, probs.data(), out.data(),
-                         nullptr, policy->stats(0, h, pos));
-  };
-
-  if (P > 0) {
-    cache.reserve(seq, P);
-    policy->begin_step(0, P);
-    for (int h = 0; h < H; ++h) {
-      for (int32_t p = 0; p < P; ++p) {
-        const std::string where = "prompt_keys[" + std::to_string(h) + "][" + std::to_string(p) + "]";
-        const std::vector<uint16_t> k = to_half(vector_of(trace["prompt_keys"][size_t(h)][size_t(p)], D, where));
-        cache.append(seq, 0, h, p, k.data(), k.data());
-      }
-    }
-    if (has_prompt_queries) {
-      for (int h = 0; h < H; ++h) {
-        const nlohmann::json& qs = trace["prompt_queries"][size_t(h)];
-        if (!qs.is_array() || int32_t(qs.size()) != P) bad("\"prompt_queries\"[" + std::to_string(h) + "] must hold P queries");
-        for (int32_t p = 0; p < P; ++p) {
-          attend(h, p, vector_of(qs[size_t(p)], D, "prompt_queries[" + std::to_string(h) + "][" + std::to_string(p) + "]"));
-        }
-      }
-    }
-    if (policy->wants_layer_input()) observe_rates(*policy, trace["prompt_log_beta"], H, P, 0, "prompt_log_beta");
-    policy->end_step(0, cache, seq);
-    if (const int32_t wanted = policy->draft_wanted()) {
-      policy->end_draft(trace_draft(trace, H, D, wanted, P - 1), cache, seq);
-    }
-  }
-
-  size_t hidden_dim = 0;  // the first step's
+  Replay replay(trace, config, H, D, P, P + int32_t(steps.size()));
+  replay.prefill();
   nlohmann::json result = {{"policy", config.to_json()}, {"prompt_len", P}, {"steps", nlohmann::json::array()}};
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const nlohmann::json& step = steps[i];
-    const std::string where = "steps[" + std::to_string(i) + "]";
-    if (!step.is_object() || !step.contains("query") || !step.contains("new_key") || !step["query"].is_array() ||
-        !step["new_key"].is_array() || int(step["query"].size()) != H || int(step["new_key"].size()) != H) {
-      bad(where + " must be {\"query\": [H][D], \"new_key\": [H][D]}");
-    }
-    const int32_t pos = P + int32_t(i);
-    cache.reserve(seq, 1);
-    policy->begin_step(pos, 1);
-    for (int h = 0; h < H; ++h) {
-      const std::vector<uint16_t> k =
-          to_half(vector_of(step["new_key"][size_t(h)], D, where + ".new_key[" + std::to_string(h) + "]"));
-      cache.append(seq, 0, h, pos, k.data(), k.data());
-    }
-    for (int h = 0; h < H; ++h) {
-      attend(h, pos, vector_of(step["query"][size_t(h)], D, where + ".query[" + std::to_string(h) + "]"));
-    }
-    if (policy->wants_hidden()) observe_step(*policy, step, pos, where, hidden_dim);
-    if (policy->wants_layer_input()) {
-      if (!step.contains("log_beta")) bad(where + ": policy trimkv takes each token's rates: \"log_beta\" [H]");
-      observe_rates(*policy, step["log_beta"], H, 1, pos, where + ".log_beta");
-    }
-    policy->end_step(0, cache, seq);
-    if (const int32_t wanted = policy->draft_wanted()) {
-      policy->end_draft(trace_draft(trace, H, D, wanted, pos), cache, seq);
-    }
-    nlohmann::json kept = nlohmann::json::array(), state = nlohmann::json::array();
-    for (int h = 0; h < policy->heads_per_layer(); ++h) {
-      const std::span<const int32_t> p = cache.positions(seq, 0, h);
-      kept.push_back(std::vector<int32_t>(p.begin(), p.end()));
-      state.push_back(policy->slot_state(0, h));
-    }
-    result["steps"].push_back({{"t", policy->step()}, {"kept", kept}, {"state", state}});
-  }
-  result["peak_slots"] = policy->peak_slots();
+  for (size_t i = 0; i < steps.size(); ++i) result["steps"].push_back(replay.decode(i));
+  result["peak_slots"] = replay.policy().peak_slots();
   return result;
 }
 

@@ -16,33 +16,16 @@
 #include "eval/kv_occupancy.h"
 #include "eval/policy_grid.h"
 #include "tests/unit/temp_dir.h"
-#include "tests/unit/tiny_model_fixture.h"
+#include "tests/unit/eval/tiny_eval_model.h"
 #include "worker/model.h"
 
 namespace lazykv::eval {
 namespace {
 
 
-class BatchRunnerTest : public ::testing::Test {
+class BatchRunnerTest : public TinyEvalModelTest {
  protected:
-  static void SetUpTestSuite() {
-    TinyModelSpec spec;
-    spec.n_ctx = 256;
-    TinyModel tiny = load_tiny_model("eval_test", spec);
-    model_ = tiny.model.release();
-    tokenizer_ = tiny.tokenizer.release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete model_;
-  }
-
-  static BatchRunner runner(int batch) {
-    BatchRunnerOptions options;
-    options.batch = batch;
-    options.threads = 2;
-    return BatchRunner(*model_, *tokenizer_, options);
-  }
+  static void SetUpTestSuite() { load("eval_test", 256); }
 
   // Prompts of different lengths and contents (ids of byte tokens).
   static std::vector<int32_t> prompt(int i) {
@@ -59,13 +42,7 @@ class BatchRunnerTest : public ::testing::Test {
     j.ban_eos = ban_eos;
     return j;
   }
-
-  static Model* model_;
-  static Tokenizer* tokenizer_;
 };
-
-Model* BatchRunnerTest::model_ = nullptr;
-Tokenizer* BatchRunnerTest::tokenizer_ = nullptr;
 
 TEST_F(BatchRunnerTest, BatchedGenerationEqualsEachPromptAlone) {
   // Mixed policies: the evicting ones compact while other sequences decode beside them.
@@ -476,7 +453,7 @@ TEST(PolicyGridTest, BudgetsAndWindowRule) {
   EXPECT_EQ(grid_policy_config("caote", 40).get_int("recent"), 10);
   EXPECT_EQ(grid_policy_config("obcache", 40).get_int("recent"), 10);
   EXPECT_EQ(grid_policy_config("obcache", 40).get_int("accumulate"), 1);
-  EXPECT_EQ(parse_policies("all").size(), policy_catalog().size() - 1);  // every policy but full
+  EXPECT_EQ(parse_policies("all").size(), policy_catalog().size() - 2);  // every policy but full and epicache
   EXPECT_THROW(parse_policies("lazy,bogus"), std::exception);
   EXPECT_EQ(parse_budgets("0.1, 0.5,64"), (std::vector<double>{0.1, 0.5, 64}));
   EXPECT_THROW(parse_budgets("0"), std::exception);

@@ -100,19 +100,21 @@ TEST_P(GoldenTrace, ReplayMatchesReference) {
   EXPECT_EQ(got["peak_slots"], want["peak_slots"]);
 }
 
+// Why replay_trace refuses a malformed trace ("accepted" when it does not).
+std::string refusal(const nlohmann::json& trace) {
+  try {
+    replay_trace(trace);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
+
 // A trace for a policy that reads hidden states must give each step's token
 // and state, all of one size: else a clear error, never a crash.
 TEST(GoldenTraces, SkipKvTraceWithoutHiddenStatesIsRefused) {
   const nlohmann::json golden = load(fs::path(LAZYKV_TEST_DATA_DIR) / "policy" / "skipkv_random1.json");
-  const auto refusal = [](const nlohmann::json& trace) {
-    try {
-      replay_trace(trace);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   nlohmann::json no_hidden = golden["trace"];
   no_hidden["steps"][3].erase("hidden");
   EXPECT_NE(refusal(no_hidden).find("steps[3]: policy skipkv reads hidden states"), std::string::npos)
@@ -131,15 +133,6 @@ TEST(GoldenTraces, SkipKvTraceWithoutHiddenStatesIsRefused) {
 // (finite, at most 0): else a clear error.
 TEST(GoldenTraces, TrimKvTraceWithoutRatesIsRefused) {
   const nlohmann::json golden = load(fs::path(LAZYKV_TEST_DATA_DIR) / "policy" / "trimkv_random1.json");
-  const auto refusal = [](const nlohmann::json& trace) {
-    try {
-      replay_trace(trace);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   nlohmann::json no_prompt = golden["trace"];
   no_prompt.erase("prompt_log_beta");
   EXPECT_NE(refusal(no_prompt).find("the trace has no \"prompt_log_beta\""), std::string::npos) << refusal(no_prompt);
@@ -154,6 +147,29 @@ TEST(GoldenTraces, TrimKvTraceWithoutRatesIsRefused) {
   nlohmann::json short_prompt = golden["trace"];
   short_prompt["prompt_log_beta"][0].erase(0);
   EXPECT_NE(refusal(short_prompt).find("prompt_log_beta[0]"), std::string::npos) << refusal(short_prompt);
+}
+
+// epicache's episode comes from the trace: "draft_queries" (its patched
+// prompt's queries) and "history_len" (the history, within the prompt):
+// else a clear error.
+TEST(GoldenTraces, EpiCacheTraceWithoutEpisodeIsRefused) {
+  const nlohmann::json golden = load(fs::path(LAZYKV_TEST_DATA_DIR) / "policy" / "epicache_random1.json");
+  nlohmann::json no_draft = golden["trace"];
+  no_draft.erase("draft_queries");
+  EXPECT_NE(refusal(no_draft).find("policy epicache compresses the history for an episode"), std::string::npos)
+      << refusal(no_draft);
+  for (int history : {0, 25}) {  // the prompt has 24 tokens
+    nlohmann::json outside = golden["trace"];
+    outside["history_len"] = history;
+    EXPECT_NE(refusal(outside).find("\"history_len\" (the prompt's first tokens that are history) must be an "
+                                    "integer in [1, P = 24]"),
+              std::string::npos)
+        << refusal(outside);
+  }
+  nlohmann::json short_draft = golden["trace"];
+  short_draft["draft_queries"][1].erase(0);
+  EXPECT_NE(refusal(short_draft).find("draft_queries[1] must hold H queries"), std::string::npos)
+      << refusal(short_draft);
 }
 
 std::string test_name(const ::testing::TestParamInfo<fs::path>& info) { return info.param.stem().string(); }

@@ -35,7 +35,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 TEST(PolicyCatalog, ListsEveryPolicyInOrder) {
   std::vector<std::string> names;
   for (const PolicyInfo& p : policy_catalog()) names.push_back(p.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache", "vase", "triattention", "laq", "skipkv", "trimkv"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"full", "lazy", "lazy+tiers", "streaming", "h2o", "tova", "snapkv", "rkv", "raas", "caote", "obcache", "vase", "triattention", "laq", "skipkv", "trimkv", "epicache"}));
   for (const PolicyInfo& p : policy_catalog()) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     for (const PolicyParam& param : p.params) {
@@ -153,12 +153,14 @@ TEST(PolicyConfig, APromptThatFillsAKeptBudgetIsRefused) {
   }
 }
 
-// Every evicting policy can keep the prompt: raas always does (no parameter).
+// Every evicting policy can keep the prompt: raas always does (no parameter);
+// epicache's prompt is the history it compresses, the question always stays.
 TEST(PolicyConfig, EveryEvictingPolicyCanKeepThePrompt) {
   for (const PolicyInfo& p : policy_catalog()) {
     const bool has = std::any_of(p.params.begin(), p.params.end(),
                                  [](const PolicyParam& q) { return q.name == "keep_prompt"; });
-    EXPECT_EQ(has, p.name != "full" && p.name != "raas") << p.name;
+    EXPECT_EQ(has, p.name != "full" && p.name != "raas" && !p.episodic) << p.name;
+    EXPECT_EQ(p.episodic, p.name == "epicache") << p.name;
     if (!p.recent.empty()) {
       EXPECT_TRUE(std::any_of(p.params.begin(), p.params.end(), [&](const PolicyParam& q) { return q.name == p.recent; }))
           << p.name << "." << p.recent;

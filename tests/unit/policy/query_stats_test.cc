@@ -92,7 +92,7 @@ TEST_F(QueryStatsTest, WithoutStatisticsTriAttentionSaysHowToMakeThem) {
   EXPECT_EQ(model->query_stats(), nullptr);
   // Listed as unavailable (a worker's info carries this to the coordinator) ...
   const std::map<std::string, std::string> unavailable = unavailable_policies(policy_shape(*model, 0));
-  ASSERT_EQ(unavailable.size(), 2u);  // and trimkv, without retention gates
+  ASSERT_EQ(unavailable.size(), 3u);  // and trimkv, without retention gates, and epicache, without an episode
   EXPECT_NE(unavailable.at("triattention").find("lazykv calibrate"), std::string::npos);
   EXPECT_NE(unavailable.at("trimkv").find("scripts/train_trimkv.sh"), std::string::npos);
   // ... and refused when built anyway.
