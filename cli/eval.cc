@@ -1,4 +1,4 @@
-// lazykv eval fidelity | accuracy: the policy evaluation harness (eval/).
+// lazykv eval fidelity | accuracy | conversation: the policy evaluation harness (eval/).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -9,8 +9,10 @@
 #include "common/error.h"
 #include "common/flags.h"
 #include "common/model_registry.h"
+#include "coordinator/server/prompt_encoder.h"
 #include "eval/accuracy.h"
 #include "eval/accuracy_records.h"
+#include "eval/conversation.h"
 #include "eval/datasets.h"
 #include "eval/fidelity.h"
 #include "eval/plot.h"
@@ -20,16 +22,18 @@ namespace lazykv {
 namespace {
 
 constexpr const char* kEvalUsage =
-    "usage: lazykv eval <fidelity|accuracy> [flags]\n"
+    "usage: lazykv eval <fidelity|accuracy|conversation> [flags]\n"
     "  fidelity  teacher-force a full-KV greedy continuation through each policy and budget;\n"
     "            top-1 agreement and KL divergence against full KV, decode speed (JSON + PNG)\n"
     "  accuracy  answer GSM8K or MATH-500 problems with full KV and each policy and budget (JSON + PNG)\n"
-    "run 'lazykv eval <fidelity|accuracy> --help' for the flags\n";
+    "  conversation  answer questions about earlier turns of long chats with full KV and each policy and\n"
+    "            budget, epicache's episodes included (JSON + PNG)\n"
+    "run 'lazykv eval <fidelity|accuracy|conversation> --help' for the flags\n";
 
-void add_common_flags(Flags& flags, const std::string& output) {
-  flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'")
-      .add("data-dir", "", "data set directory (default: $LAZYKV_DATA_DIR, else shared/datasets)")
-      .add("batch", "16", "sequences run at once (continuous batching)")
+void add_common_flags(Flags& flags, const std::string& output, bool data_dir = true) {
+  flags.add("model", "default", "model: a .gguf file, a Hugging Face directory, or 'default'");
+  if (data_dir) flags.add("data-dir", "", "data set directory (default: $LAZYKV_DATA_DIR, else shared/datasets)");
+  flags.add("batch", "16", "sequences run at once (continuous batching)")
       .add("threads", "0", "CPU threads; 0 is all cores")
       .add("activations", "f32", "matmul activation precision: f32 (exact) or int8 (llama.cpp-style, faster batches)")
       .add("output", output, "result JSON file")
@@ -142,7 +146,7 @@ int run_accuracy(const std::vector<std::string>& args) {
       .add("limit", "0", "problems to use; 0 is all")
       .add("offset", "0", "first problem")
       .add("policies", "all",
-           "policies to compare with full KV ('all': every evicting policy); name(param=value,...) sets parameters")
+           "policies to compare with full KV ('all': every evicting policy but epicache); name(param=value,...) sets parameters")
       .add("budgets", "0.3,0.5,0.7",
            "KV budgets: < 1 a ratio of each problem's full-KV length, >= 1 slots (with --budget-base generated: "
            "slots on top of the prompt)")
@@ -230,6 +234,62 @@ int run_accuracy(const std::vector<std::string>& args) {
   return write_outputs(result, flags);
 }
 
+int run_conversation(const std::vector<std::string>& args) {
+  const auto start = std::chrono::steady_clock::now();
+  Flags flags("eval conversation");
+  add_common_flags(flags, "eval_conversation.json", /*data_dir=*/false);
+  flags.add("conversations", eval::default_conversations_path(), "multi-turn QA set (JSONL, scripts/make_conversations.py)")
+      .add("limit", "0", "conversations to use; 0 is all")
+      .add("policies", "epicache,lazy,snapkv",
+           "policies to compare with full KV; name(param=value,...) sets parameters")
+      .add("budgets", "0.1,0.2,0.3", "KV budgets: < 1 a ratio of each conversation's history tokens, >= 1 slots")
+      .add("max-tokens", "24", "maximum tokens per answer")
+      .add("segment-turns", "2", "turns per segment the history is clustered by (epicache)")
+      .add("episodes", "4", "episodes per conversation (epicache's K-means K)")
+      .add("medoids", "2", "segments in an episode's patched prompt")
+      .add("seed", "42", "K-means seed")
+      .add("records", "", "also write one JSON line per (configuration, question) to this file (eval/paired.py)");
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::fputs(flags.usage().c_str(), stdout);
+    return 0;
+  }
+  eval::ConversationOptions options;
+  options.policies = eval::parse_policies(flags.get("policies"));
+  options.budgets = eval::parse_budgets(flags.get("budgets"));
+  options.max_tokens = int32_t(flags.get_int("max-tokens"));
+  options.episodes.segment_turns = int(flags.get_int("segment-turns"));
+  options.episodes.clustering.episodes = int(flags.get_int("episodes"));
+  options.episodes.clustering.medoids = int(flags.get_int("medoids"));
+  options.episodes.clustering.seed = uint64_t(flags.get_int("seed"));
+  if (options.max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
+  std::vector<eval::Conversation> conversations = eval::load_conversations(flags.get("conversations"));
+  const int64_t limit = flags.get_int("limit");
+  if (limit < 0) throw Error(ErrorCode::kInvalidArgument, "--limit must be >= 0");
+  if (limit > 0 && limit < int64_t(conversations.size())) conversations.resize(size_t(limit));
+
+  LoadedModel m = load_model(flags.get("model"));
+  const PromptEncoder encoder(*m.tokenizer);
+  if (!encoder.has_chat_template()) throw Error(ErrorCode::kInvalidArgument, "eval conversation: the model has no chat template");
+  const eval::ConversationEncoder encode{[&](const std::vector<ChatMessage>& messages) { return encoder.encode_chat(messages); },
+                                         [&](const std::string& text) { return encoder.encode_text(text); }};
+  eval::BatchRunner runner = make_runner(m, flags);
+  const eval::ConversationReport report = eval::run_conversations(runner, conversations, encode, options, log_line);
+  for (const eval::ConversationRow& row : report.rows) {
+    std::printf("%-10s budget %-6g accuracy %.4f (%lld/%lld)  KV mean %.2f / peak %.2f MiB\n", row.policy.c_str(),
+                row.budget_ratio, row.accuracy(), static_cast<long long>(row.correct), static_cast<long long>(row.n),
+                row.mean_kv_bytes / (1 << 20), row.mean_peak_kv_bytes / (1 << 20));
+  }
+  if (!flags.get("records").empty()) {
+    std::ofstream out(flags.get("records"));
+    for (const eval::ConversationRecord& r : report.records) out << eval::conversation_record_json(r).dump() << "\n";
+    if (!out) throw Error(ErrorCode::kInvalidArgument, "cannot write --records " + flags.get("records"));
+  }
+  return write_outputs(eval::conversation_json(report, m.model->config().name, options, conversations.size(),
+                                               seconds_since(start)),
+                       flags);
+}
+
 }  // namespace
 
 int run_eval(const std::vector<std::string>& args) {
@@ -240,7 +300,9 @@ int run_eval(const std::vector<std::string>& args) {
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "fidelity") return run_fidelity(rest);
   if (args[0] == "accuracy") return run_accuracy(rest);
-  throw Error(ErrorCode::kInvalidArgument, "unknown eval command '" + args[0] + "'; valid: fidelity, accuracy");
+  if (args[0] == "conversation") return run_conversation(rest);
+  throw Error(ErrorCode::kInvalidArgument,
+              "unknown eval command '" + args[0] + "'; valid: fidelity, accuracy, conversation");
 }
 
 }  // namespace lazykv
