@@ -156,6 +156,41 @@ struct Bench {
     run.peak_slots = policy->peak_slots();
     return run;
   }
+
+  // One history of `history` tokens prefilled as epicache does (blocks, each
+  // followed by the episode's patched prompt of `patched` tokens as a draft),
+  // or in one pass under a policy that asks for no blocks. Times the whole
+  // prefill (decode_s), and its eviction's and drafts' shares.
+  PolicyRun prefill_episode(const PolicyConfig& config, int history, int patched) {
+    const ModelConfig& c = model.config();
+    KvCache cache(cache_config());
+    const auto fp = pass(cache);
+    PolicyShape shape = policy_shape(model, history, history + 1);
+    shape.episode = std::make_shared<const EpisodePrompt>(EpisodePrompt{bench_tokens(patched, c.n_vocab, 13), history});
+    auto policy = make_policy(config, shape);
+    cache.add_sequence(0, policy->heads_per_layer());
+    const auto ids = bench_tokens(history, c.n_vocab, 11);
+    PolicyRun run;
+    const double eviction_s0 = fp->eviction_seconds();
+    const auto t = Clock::now();
+    for (int32_t pos = 0; pos < history;) {
+      const int32_t block = policy->prefill_block(pos);
+      const int32_t n = block > 0 ? block : history - pos;
+      const BatchItem item{0, std::span(ids).subspan(size_t(pos), size_t(n)), pos, false, policy.get()};
+      const int32_t next = argmax(fp->run({&item, 1}));
+      pos += n;
+      if (policy->draft_wanted() > 0) {
+        const auto d = Clock::now();
+        run_draft(*fp, cache, solo, 0, *policy, next, pos, size_t(c.n_vocab), size_t(c.n_vocab));
+        run.draft_s += seconds_since(d);
+      }
+    }
+    run.decode_s = seconds_since(t);
+    run.eviction_s = fp->eviction_seconds() - eviction_s0;
+    run.policy_cpu_s = policy->policy_seconds();
+    run.peak_slots = policy->peak_slots();
+    return run;
+  }
 };
 
 // The cost of a policy per decode step, against `full` on the same tokens:
@@ -189,6 +224,30 @@ nlohmann::json policy_cost(Bench& bench, const PolicyConfig& config, int steps) 
           {"stats_only_decode_tok_s", total_steps / stats_only.decode_s},
           {"full_decode_tok_s", total_steps / full.decode_s},
           {"full_peak_kv_bytes", double(full.peak_slots) * slot_bytes}};
+}
+
+// The cost of an episodic policy (epicache), which compresses a history at
+// prefill and never per decode step: a history of 4 C tokens prefilled block
+// by block with a patched prompt of `patched` tokens, against the same
+// history in one pass with full KV (after an untimed warm-up pass).
+nlohmann::json episode_cost(Bench& bench, const PolicyConfig& config, int patched) {
+  const int history = 4 * config.budget();
+  const PolicyConfig full = make_policy_config("full");
+  bench.prefill_episode(full, history, patched);
+  const Bench::PolicyRun run = bench.prefill_episode(config, history, patched);
+  const Bench::PolicyRun plain = bench.prefill_episode(full, history, patched);
+  const double slot_bytes = double(bench.cache_config().head_dim) * 4;
+  return {{"policy", config.to_json()},
+          {"history_tokens", history},
+          {"patched_prompt_tokens", patched},
+          {"prefill_s", run.decode_s},
+          {"draft_s", run.draft_s},
+          {"eviction_s", run.eviction_s},
+          {"policy_cpu_s", run.policy_cpu_s},
+          {"prefill_over_full", run.decode_s / plain.decode_s},
+          {"peak_kv_bytes", double(run.peak_slots) * slot_bytes},
+          {"full_prefill_s", plain.decode_s},
+          {"full_peak_kv_bytes", double(plain.peak_slots) * slot_bytes}};
 }
 
 // A comma-separated list of positive integers, or the device's default when
@@ -236,7 +295,8 @@ int run_bench(const std::vector<std::string>& args) {
       .add("decode-batches", "", "sequences of the batched decode measurements at context 128 (default 8; "
                                  "cuda 8,32)")
       .add("decode-steps", "64", "decode steps per measurement")
-      .add_switch("policy-only", "measure only the --kv-policy cost (skip prefill and plain decode)");
+      .add_switch("policy-only", "measure only the --kv-policy cost (skip prefill and plain decode)")
+      .add("episode-tokens", "384", "an episodic policy's (epicache's) patched prompt, in tokens, for its cost");
   add_policy_flags(flags);
   flags.parse(args);
   if (flags.help_requested()) {
@@ -273,7 +333,13 @@ int run_bench(const std::vector<std::string>& args) {
     for (int ctx : contexts) out["decode_ctx" + std::to_string(ctx) + "_tok_s"] = bench.decode(1, ctx, steps);
     for (int b : batches) out["decode_batch" + std::to_string(b) + "_ctx128_tok_s"] = bench.decode(b, 128, steps);
   }
-  if (policy.name != "full") out["policy_cost"] = policy_cost(bench, policy, steps);
+  const auto info = std::find_if(policy_catalog().begin(), policy_catalog().end(),
+                                 [&](const PolicyInfo& p) { return p.name == policy.name; });
+  if (info->episodic) {
+    out["policy_cost"] = episode_cost(bench, policy, int(flags.get_int("episode-tokens")));
+  } else if (policy.name != "full") {
+    out["policy_cost"] = policy_cost(bench, policy, steps);
+  }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   out["peak_rss_bytes"] = int64_t(usage.ru_maxrss) * 1024;  // before the bandwidth buffers below

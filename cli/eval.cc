@@ -146,7 +146,8 @@ int run_accuracy(const std::vector<std::string>& args) {
       .add("limit", "0", "problems to use; 0 is all")
       .add("offset", "0", "first problem")
       .add("policies", "all",
-           "policies to compare with full KV ('all': every evicting policy but epicache); name(param=value,...) sets parameters")
+           "policies to compare with full KV ('all': every evicting policy but epicache); name(param=value,...) "
+           "sets parameters")
       .add("budgets", "0.3,0.5,0.7",
            "KV budgets: < 1 a ratio of each problem's full-KV length, >= 1 slots (with --budget-base generated: "
            "slots on top of the prompt)")
@@ -238,7 +239,8 @@ int run_conversation(const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   Flags flags("eval conversation");
   add_common_flags(flags, "eval_conversation.json", /*data_dir=*/false);
-  flags.add("conversations", eval::default_conversations_path(), "multi-turn QA set (JSONL, scripts/make_conversations.py)")
+  flags.add("conversations", eval::default_conversations_path(),
+            "multi-turn QA set (JSONL, scripts/make_conversations.py)")
       .add("limit", "0", "conversations to use; 0 is all")
       .add("policies", "epicache,lazy,snapkv",
            "policies to compare with full KV; name(param=value,...) sets parameters")
@@ -270,9 +272,12 @@ int run_conversation(const std::vector<std::string>& args) {
 
   LoadedModel m = load_model(flags.get("model"));
   const PromptEncoder encoder(*m.tokenizer);
-  if (!encoder.has_chat_template()) throw Error(ErrorCode::kInvalidArgument, "eval conversation: the model has no chat template");
-  const eval::ConversationEncoder encode{[&](const std::vector<ChatMessage>& messages) { return encoder.encode_chat(messages); },
-                                         [&](const std::string& text) { return encoder.encode_text(text); }};
+  if (!encoder.has_chat_template()) {
+    throw Error(ErrorCode::kInvalidArgument, "eval conversation: the model has no chat template");
+  }
+  const eval::ConversationEncoder encode{
+      [&](const std::vector<ChatMessage>& messages) { return encoder.encode_chat(messages); },
+      [&](const std::string& text) { return encoder.encode_text(text); }};
   eval::BatchRunner runner = make_runner(m, flags);
   const eval::ConversationReport report = eval::run_conversations(runner, conversations, encode, options, log_line);
   for (const eval::ConversationRow& row : report.rows) {

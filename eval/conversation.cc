@@ -74,7 +74,9 @@ std::string default_conversations_path() {
 }
 
 std::vector<Conversation> load_conversations(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) throw Error(ErrorCode::kNotFound, "conversation file not found: " + path);
+  if (!std::filesystem::is_regular_file(path)) {
+    throw Error(ErrorCode::kNotFound, "conversation file not found: " + path);
+  }
   std::ifstream in(path);
   if (!in) throw Error(ErrorCode::kNotFound, "cannot open conversation file " + path);
   std::vector<Conversation> out;
@@ -180,7 +182,9 @@ ConversationReport run_conversations(BatchRunner& runner, const std::vector<Conv
     add_conversation_jobs(c, conversations[c], encoder, options, jobs, asked, report);
   }
   const auto on_done = [&](size_t, const JobResult&, size_t done, size_t total) {
-    if (log && (done % 50 == 0 || done == total)) log(std::to_string(done) + " of " + std::to_string(total) + " answers");
+    if (log && (done % 50 == 0 || done == total)) {
+      log(std::to_string(done) + " of " + std::to_string(total) + " answers");
+    }
   };
   const std::vector<JobResult> results = runner.run(jobs, {}, on_done);
 
