@@ -336,7 +336,11 @@ int run_bench(const std::vector<std::string>& args) {
   const auto info = std::find_if(policy_catalog().begin(), policy_catalog().end(),
                                  [&](const PolicyInfo& p) { return p.name == policy.name; });
   if (info->episodic) {
-    out["policy_cost"] = episode_cost(bench, policy, int(flags.get_int("episode-tokens")));
+    const int64_t patched = flags.get_int("episode-tokens");
+    if (patched < 1 || patched > (1 << 20)) {
+      throw Error(ErrorCode::kInvalidArgument, "--episode-tokens must be in [1, 2^20]");
+    }
+    out["policy_cost"] = episode_cost(bench, policy, int(patched));
   } else if (policy.name != "full") {
     out["policy_cost"] = policy_cost(bench, policy, steps);
   }

@@ -257,13 +257,18 @@ int run_conversation(const std::vector<std::string>& args) {
     return 0;
   }
   eval::ConversationOptions options;
-  options.policies = eval::parse_policies(flags.get("policies"));
+  options.policies = eval::parse_policies(flags.get("policies"), /*episodic=*/true);
   options.budgets = eval::parse_budgets(flags.get("budgets"));
   options.max_tokens = int32_t(flags.get_int("max-tokens"));
   options.episodes.segment_turns = int(flags.get_int("segment-turns"));
   options.episodes.clustering.episodes = int(flags.get_int("episodes"));
   options.episodes.clustering.medoids = int(flags.get_int("medoids"));
   options.episodes.clustering.seed = uint64_t(flags.get_int("seed"));
+  for (const char* flag : {"segment-turns", "episodes", "medoids"}) {
+    if (flags.get_int(flag) < 1 || flags.get_int(flag) > 1024) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("--") + flag + " must be in [1, 1024]");
+    }
+  }
   if (options.max_tokens < 1) throw Error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 1");
   std::vector<eval::Conversation> conversations = eval::load_conversations(flags.get("conversations"));
   const int64_t limit = flags.get_int("limit");

@@ -236,10 +236,11 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
     }
     if (!drafts.empty()) {
       const auto d0 = Clock::now();
-      run_drafts(forward, cache, solo, drafts, vocab, model_vocab);
+      const std::vector<DraftRun> runs = run_drafts(forward, cache, solo, drafts, vocab, model_vocab);
       const double draft_seconds = std::chrono::duration<double>(Clock::now() - d0).count();
-      for (const DraftRequest& d : drafts) {
-        JobResult& result = results[size_t(d.seq)];
+      for (size_t k = 0; k < drafts.size(); ++k) {
+        JobResult& result = results[size_t(drafts[k].seq)];
+        result.failed_drafts += runs[k].out_of_memory;
         (result.decode_steps == 0 ? result.prefill_seconds : result.decode_seconds) += draft_seconds;
       }
     }

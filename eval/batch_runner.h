@@ -59,6 +59,9 @@ struct JobResult {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   int64_t decode_steps = 0;
+  // Drafts the policy asked for that found no room in the cache (a
+  // compaction then went without the draft's queries: worker/draft.h).
+  int64_t failed_drafts = 0;
 
   bool ok() const { return error.empty(); }
 };

@@ -38,6 +38,9 @@ Conversation parse_conversation(const nlohmann::json& object, const std::string&
     throw Error(ErrorCode::kInvalidArgument,
                 where + ": a conversation is {\"id\": string, \"turns\": [...], \"questions\": [...]}, none empty");
   }
+  if (object["turns"].size() % 2 != 0) {
+    throw Error(ErrorCode::kInvalidArgument, where + ": the turns must end with the assistant's (a question follows)");
+  }
   Conversation c;
   c.id = object["id"].get<std::string>();
   for (size_t i = 0; i < object["turns"].size(); ++i) c.turns.push_back(parse_turn(object["turns"][i], i, where));
@@ -61,7 +64,7 @@ int32_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>&
 
 // One question as its jobs ask it: where it is, and where it was routed.
 struct AskedQuestion {
-  size_t conversation = 0, question = 0;
+  size_t conversation = 0, question = 0, config = 0;  // config: its index in conversation_configs
   int32_t history_tokens = 0;
   int episode = -1;
   bool holds_turn = false;
@@ -97,7 +100,11 @@ std::vector<Conversation> load_conversations(const std::string& path) {
 }
 
 ConversationEpisodes conversation_episodes(const Conversation& conversation, const EpisodeSetup& setup) {
-  if (setup.segment_turns < 1) throw Error(ErrorCode::kInvalidArgument, "episodes: segment_turns must be >= 1");
+  if (setup.segment_turns < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "eval::conversation_episodes: segment_turns must be >= 1 (" + std::to_string(setup.segment_turns) +
+                    ")");
+  }
   std::vector<std::pair<int32_t, int32_t>> segments;
   std::vector<std::string> texts;
   for (int32_t first = 0; first < int32_t(conversation.turns.size()); first += setup.segment_turns) {
@@ -145,7 +152,7 @@ void add_conversation_jobs(size_t c, const Conversation& conv, const Conversatio
     std::vector<ChatMessage> messages = conv.turns;
     messages.push_back({"user", question.question});
     const std::vector<int32_t> prompt = encoder.chat(messages);
-    AskedQuestion info{c, q, std::min(common_prefix(history, prompt), int32_t(prompt.size()) - 1),
+    AskedQuestion info{c, q, 0, std::min(common_prefix(history, prompt), int32_t(prompt.size()) - 1),
                       route(episodes.clusters, episodes.embedder.embed(question.question))};
     const std::vector<int>& members = episodes.clusters.members[size_t(info.episode)];
     info.holds_turn = std::any_of(members.begin(), members.end(), [&](int s) {
@@ -155,7 +162,9 @@ void add_conversation_jobs(size_t c, const Conversation& conv, const Conversatio
     report.routed_to_turn += info.holds_turn;
     const auto episode =
         std::make_shared<const EpisodePrompt>(EpisodePrompt{patched[size_t(info.episode)], info.history_tokens});
-    for (const auto& [spec, budget] : conversation_configs(options)) {
+    const std::vector<std::pair<std::string, double>> configs = conversation_configs(options);
+    for (info.config = 0; info.config < configs.size(); ++info.config) {
+      const auto& [spec, budget] = configs[info.config];
       Job job;
       job.prompt = prompt;
       job.max_new_tokens = options.max_tokens;
@@ -196,8 +205,8 @@ ConversationReport run_conversations(BatchRunner& runner, const std::vector<Conv
     const JobResult& result = results[j];
     ConversationRecord r;
     r.id = conversations[info.conversation].id + "#" + std::to_string(info.question);
-    r.policy = configs[j % configs.size()].first;
-    r.budget_ratio = configs[j % configs.size()].second;
+    r.policy = configs[info.config].first;
+    r.budget_ratio = configs[info.config].second;
     r.budget_slots = jobs[j].policy.budget();
     r.history_tokens = info.history_tokens;
     r.episode = info.episode;
@@ -210,13 +219,19 @@ ConversationReport run_conversations(BatchRunner& runner, const std::vector<Conv
     }
     r.peak_kv_bytes = result.peak_kv_bytes;
     r.mean_kv_bytes = result.mean_kv_bytes;
-    ConversationRow& row = report.rows[j % configs.size()];
+    r.failed_drafts = result.failed_drafts;
+    ConversationRow& row = report.rows[info.config];
     ++row.n;
     row.correct += r.correct;
     row.errors += !result.ok();
-    row.mean_kv_bytes += r.mean_kv_bytes / double(report.questions);
-    row.mean_peak_kv_bytes += double(r.peak_kv_bytes) / double(report.questions);
+    row.failed_drafts += result.failed_drafts;
+    row.mean_kv_bytes += r.mean_kv_bytes;  // sums until divided below
+    row.mean_peak_kv_bytes += double(r.peak_kv_bytes);
     report.records.push_back(std::move(r));
+  }
+  for (ConversationRow& row : report.rows) {  // means over the answers that ran
+    row.mean_kv_bytes /= double(std::max<int64_t>(row.n - row.errors, 1));
+    row.mean_peak_kv_bytes /= double(std::max<int64_t>(row.n - row.errors, 1));
   }
   return report;
 }
@@ -233,7 +248,8 @@ nlohmann::json conversation_record_json(const ConversationRecord& r) {
                       {"correct", r.correct},
                       {"peak_kv_bytes", r.peak_kv_bytes},
                       {"mean_kv_bytes", r.mean_kv_bytes},
-                      {"finish", r.finish}};
+                      {"finish", r.finish},
+                      {"failed_drafts", r.failed_drafts}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;
 }
@@ -248,6 +264,7 @@ nlohmann::json conversation_json(const ConversationReport& report, const std::st
                     {"correct", row.correct},
                     {"n", row.n},
                     {"errors", row.errors},
+                    {"failed_drafts", row.failed_drafts},
                     {"mean_kv_bytes", row.mean_kv_bytes},
                     {"mean_peak_kv_bytes", row.mean_peak_kv_bytes}});
   }

@@ -81,14 +81,15 @@ struct ConversationRecord {
   bool correct = false;
   int64_t peak_kv_bytes = 0;
   double mean_kv_bytes = 0;
+  int64_t failed_drafts = 0;  // epicache compressions whose draft found no room (JobResult::failed_drafts)
   std::string finish, error;
 };
 
 struct ConversationRow {
   std::string policy;
   double budget_ratio = 1;
-  int64_t correct = 0, n = 0, errors = 0;
-  double mean_kv_bytes = 0, mean_peak_kv_bytes = 0;
+  int64_t correct = 0, n = 0, errors = 0, failed_drafts = 0;
+  double mean_kv_bytes = 0, mean_peak_kv_bytes = 0;  // over the answers that ran
   double accuracy() const { return n ? double(correct) / double(n) : 0.0; }
 };
 

@@ -178,7 +178,7 @@ std::vector<std::string> split_list(const std::string& text) {
   return items;
 }
 
-std::vector<std::string> parse_policies(const std::string& text) {
+std::vector<std::string> parse_policies(const std::string& text, bool episodic) {
   std::vector<std::string> names;
   for (const std::string& name : split_list(text)) {
     if (name == "all") {
@@ -189,7 +189,13 @@ std::vector<std::string> parse_policies(const std::string& text) {
     }
     // Throws naming the valid policies, or the policy's parameters; the
     // largest budget, so that only the spec's own values are judged.
-    grid_policy_config(name, int32_t(1) << 24);
+    const PolicyConfig config = grid_policy_config(name, int32_t(1) << 24);
+    const auto info = std::find_if(policy_catalog().begin(), policy_catalog().end(),
+                                   [&](const PolicyInfo& p) { return p.name == config.name; });
+    if (!episodic && info->episodic) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--policies: " + config.name + " needs a conversation routed to an episode: lazykv eval conversation");
+    }
     names.push_back(name);
   }
   if (names.empty()) throw Error(ErrorCode::kInvalidArgument, "--policies names no policy");

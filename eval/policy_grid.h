@@ -58,8 +58,8 @@ bool tiered_spec(const std::string& spec);
 std::vector<std::string> split_list(const std::string& text);
 // Policy specs (see grid_policy_config), each checked against the catalog
 // ("all" = every evicting policy but the episodic ones, which need a
-// conversation: epicache).
-std::vector<std::string> parse_policies(const std::string& text);
+// conversation: epicache; naming one is an error unless `episodic`).
+std::vector<std::string> parse_policies(const std::string& text, bool episodic = false);
 // Budget values, each > 0 (ratios < 1, absolute slots >= 2 otherwise).
 std::vector<double> parse_budgets(const std::string& text);
 

@@ -96,7 +96,12 @@ std::vector<DraftRun> run_drafts(ForwardBackend& forward, KvCache& cache, Tensor
     wanted[i] = r.policy->draft_wanted();
     given[i] = r.policy->draft_tokens();
     if (!given[i].empty() && int32_t(given[i].size()) != wanted[i]) {
-      throw Error(ErrorCode::kInternal, "draft: a policy gives a draft of other than the tokens it wants");
+      throw Error(ErrorCode::kInternal, "run_drafts: a policy gives " + std::to_string(given[i].size()) +
+                                            " draft tokens and wants " + std::to_string(wanted[i]));
+    }
+    if (given[i].empty() && r.token < 0) {
+      throw Error(ErrorCode::kInternal, "run_drafts: a greedy draft needs the sampled token (" +
+                                            std::to_string(r.token) + ")");
     }
     next[i] = r.token;
     captures.push_back(std::make_unique<DraftCapture>(*r.policy, wanted[i]));

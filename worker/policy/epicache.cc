@@ -32,6 +32,9 @@ class EpiCachePolicy final : public EvictionPolicy {
         sinks_(config.get_int("sinks")),
         uniform_(config.get_int("uniform") != 0) {}
 
+  // Every history token's query goes through the pass (no prefix-cache reuse):
+  // a block's compression must see the whole block.
+  int32_t reusable_prompt() const override { return 0; }
   int32_t prefill_block(int32_t pos) const override {
     return pos < episode_->history_len ? std::min(block_, episode_->history_len - pos) : 0;
   }

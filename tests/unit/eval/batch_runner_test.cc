@@ -567,6 +567,9 @@ TEST(PolicyGridTest, SpecsSetParametersTheRuleWouldChoose) {
 TEST(PolicyGridTest, BadSpecsSayWhatIsWrong) {
   EXPECT_NE(error_of([] { parse_policies("h2o(budget=64)"); }).find("the budget comes from --budgets"), std::string::npos);
   EXPECT_NE(error_of([] { parse_policies("h2o(recent)"); }).find("'recent' is not param=value"), std::string::npos);
+  // epicache only where conversations are (eval conversation).
+  EXPECT_NE(error_of([] { parse_policies("lazy,epicache"); }).find("eval conversation"), std::string::npos);
+  EXPECT_EQ(parse_policies("lazy,epicache(block=64)", true).size(), 2u);
   EXPECT_NE(error_of([] { parse_policies("h2o(recent=1,recent=2)"); }).find("given twice"), std::string::npos);
   EXPECT_NE(error_of([] { parse_policies("h2o(recent=1"); }).find("expected name(param=value,...)"), std::string::npos);
   EXPECT_NE(error_of([] { parse_policies("h2o(window=8)"); }).find("no parameter 'window'"), std::string::npos);

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -978,6 +979,81 @@ TEST(PolicyForward, LaqWithoutRoomForTheDraftStillCompacts) {
   for (int layer = 0; layer < mc.n_layer; ++layer) {
     for (int h = 0; h < mc.n_head_kv; ++h) EXPECT_EQ(cache.n_slots(0, layer, h), 16);
   }
+}
+
+// Gives its own draft (epicache's kind: tokens fed in one pass) until one
+// comes back, and records it; keeps the queries of its own last tokens.
+class DraftGiver final : public EvictionPolicy {
+ public:
+  DraftGiver(const PolicyShape& shape, std::vector<int32_t> given, bool wants)
+      : EvictionPolicy(make_policy_config("full", {}), shape, shape.n_head_kv,
+                       Needs{.keep_queries = int32_t(given.size())}),
+        given_(std::move(given)),
+        wants_(wants) {}
+  int32_t draft_wanted() const override { return wants_ && !received ? int32_t(given_.size()) : 0; }
+  std::span<const int32_t> draft_tokens() const override { return given_; }
+  void end_draft(const DraftQueries& draft, KvCache&, SeqId) override { received = draft; }
+  std::vector<std::pair<int32_t, const float*>> kept_queries(int layer, int head) const {
+    return recent_queries(head_state(layer, head));
+  }
+  std::optional<DraftQueries> received;
+
+ protected:
+  void select(int, std::span<Head>, const KvCache&, SeqId, std::vector<std::vector<int32_t>>&) override {}
+
+ private:
+  std::vector<int32_t> given_;
+  bool wants_;
+};
+
+// A draft of the policy's own tokens, asked for in the middle of a prompt
+// (after a block), hands back the queries those tokens get when the sequence
+// itself is fed them at the same positions: every token's, every layer's.
+TEST(PolicyForward, AGivenDraftHandsBackTheQueriesOfItsTokens) {
+  const Model& m = tiny_model();
+  const ModelConfig& mc = m.config();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(5 + (i * 31) % 250);
+  const std::vector<int32_t> given = {17, 99, 140, 7, 230};
+  const std::span<const int32_t> block(prompt.data(), 16);
+  KvCache cache({mc.n_layer, mc.n_head_kv, mc.head_dim, 4, 0});
+  ThreadPool pool(2);
+  ForwardPass forward(m, cache, pool);
+  SoloGroup solo;
+  DraftGiver giver(shape_for(m, 40), given, true);           // a block of a 40-token prompt
+  DraftGiver reference(shape_for(m, 16 + 5), given, false);  // the block, then the tokens themselves
+  cache.add_sequence(0, giver.heads_per_layer());
+  cache.add_sequence(1, reference.heads_per_layer());
+  const BatchItem first[] = {{0, block, 0, false, &giver}, {1, block, 0, false, &reference}};
+  forward.run(first);
+  const DraftRun run = run_draft(forward, cache, solo, 0, giver, -1, 16, size_t(mc.n_vocab), size_t(mc.n_vocab));
+  EXPECT_FALSE(run.out_of_memory);
+  EXPECT_EQ(run.tokens, given);
+  const BatchItem fed{1, given, 16, false, &reference};
+  forward.run({&fed, 1});
+
+  ASSERT_TRUE(giver.received.has_value());
+  const DraftQueries& draft = *giver.received;
+  EXPECT_EQ(draft.tokens, 5);
+  EXPECT_EQ(draft.first_pos, 16);
+  ASSERT_EQ(draft.heads.size(), size_t(mc.n_layer * mc.n_head_kv));
+  const size_t stride = size_t(giver.queries_per_head()) * size_t(mc.head_dim);
+  for (int layer = 0; layer < mc.n_layer; ++layer) {
+    for (int h = 0; h < mc.n_head_kv; ++h) {
+      const auto expected = reference.kept_queries(layer, h);
+      ASSERT_EQ(expected.size(), 5u);
+      const std::vector<float>& rows = draft.heads[size_t(layer * mc.n_head_kv + h)];
+      ASSERT_EQ(rows.size(), 5 * stride);
+      for (size_t i = 0; i < 5; ++i) {
+        EXPECT_EQ(expected[i].first, 16 + int32_t(i));
+        for (size_t d = 0; d < stride; ++d) {
+          EXPECT_NEAR(rows[i * stride + d], expected[i].second[d], 1e-5f) << layer << " " << h << " " << i;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cache.n_sequences(), size_t(2));  // the copy is gone
+  EXPECT_EQ(cache.n_slots(0, 0, 0), 16);
 }
 
 }  // namespace
