@@ -33,9 +33,11 @@ def draw(ax, rows, metric, label, log_scale=False, x="budget_ratio"):
             full = row
             continue
         lines.setdefault(row["policy"], []).append((row[x] / scale, row[metric]))
-    for policy, points in lines.items():
+    for i, (policy, points) in enumerate(lines.items()):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
+        # Past ten lines the default colours repeat: twenty colours, dashed after the first ten.
+        style = {} if len(lines) <= 10 else {"color": plt.cm.tab20.colors[i % 20], "linestyle": "-" if i < 10 else "--"}
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy, **style)
     if full is not None and not (log_scale and full[metric] <= 0):
         if x == "budget_ratio":
             ax.axhline(full[metric], linestyle="--", color="black", label="full")
