@@ -262,6 +262,19 @@ TEST_F(OpenAiServiceTest, APolicyTheModelCannotRunIsA400) {
   EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
 }
 
+// epicache needs a conversation routed to an episode (lazykv eval
+// conversation), which no request carries: a 400 that says so.
+TEST_F(OpenAiServiceTest, EpicacheIsA400ThatNamesTheConversationEval) {
+  ASSERT_EQ(worker_->info().unavailable_policies.count("epicache"), 1u);
+  RecordingWriter w = call("POST", "/v1/completions",
+                           R"({"model": "tiny", "prompt": "x", "max_tokens": 2, "kv_policy": {"name": "epicache"}})");
+  EXPECT_EQ(w.status, 400) << w.body;
+  const json j = json::parse(w.body);
+  EXPECT_EQ(j["error"]["param"], "kv_policy") << w.body;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("eval conversation"), std::string::npos) << w.body;
+  EXPECT_EQ(call("POST", "/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 2})").status, 200);
+}
+
 // A worker whose info does not list what it cannot run (one older than the
 // list, or one restarted without the model's query statistics) refuses the
 // sequence when it starts: still the request's error, a 400 naming kv_policy,
