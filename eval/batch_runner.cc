@@ -162,9 +162,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
     for (Active& a : active) {
       const Job& job = jobs[a.job];
       if (a.prefill) {
-        const int32_t block = a.policy->prefill_block(a.pos);
-        a.fed = int32_t(job.prompt.size()) - a.pos;
-        if (block > 0) a.fed = std::min(a.fed, block);
+        a.fed = a.policy->prompt_chunk(a.pos, int32_t(job.prompt.size()));
         const std::span<const int32_t> tokens = std::span(job.prompt).subspan(size_t(a.pos), size_t(a.fed));
         items.push_back(BatchItem{SeqId(a.job), tokens, a.pos, false, a.policy.get()});
       } else {

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "common/error.h"
 #include "eval/answers.h"
+#include "eval/datasets.h"
 #include "eval/policy_grid.h"
 
 #ifndef LAZYKV_SOURCE_DIR
@@ -77,24 +77,10 @@ std::string default_conversations_path() {
 }
 
 std::vector<Conversation> load_conversations(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) {
-    throw Error(ErrorCode::kNotFound, "conversation file not found: " + path);
-  }
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorCode::kNotFound, "cannot open conversation file " + path);
   std::vector<Conversation> out;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(number);
-    nlohmann::json object;
-    try {
-      object = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(ErrorCode::kInvalidArgument, where + ": not valid JSON (" + e.what() + ")");
-    }
-    out.push_back(parse_conversation(object, where));
-  }
+  read_jsonl(path, "conversation file", [&](const nlohmann::json& object, int64_t line) {
+    out.push_back(parse_conversation(object, path + ":" + std::to_string(line)));
+  });
   if (out.empty()) throw Error(ErrorCode::kInvalidArgument, path + " holds no conversation");
   return out;
 }

@@ -15,13 +15,25 @@
 namespace lazykv::eval {
 namespace {
 
-// Calls on_object(json, line_number) for each non-blank line of a JSONL file.
-void read_jsonl(const std::string& path, const std::function<void(const nlohmann::json&, int64_t)>& on_object) {
+std::string string_field(const nlohmann::json& object, const std::string& field, const std::string& path,
+                         int64_t line) {
+  auto it = object.find(field);
+  if (it == object.end() || !it->is_string()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                path + ":" + std::to_string(line) + ": missing string field \"" + field + "\"");
+  }
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+void read_jsonl(const std::string& path, const std::string& what,
+                const std::function<void(const nlohmann::json&, int64_t)>& on_object) {
   if (!std::filesystem::is_regular_file(path)) {
-    throw Error(ErrorCode::kNotFound, "data file not found: " + path);
+    throw Error(ErrorCode::kNotFound, what + " not found: " + path);
   }
   std::ifstream in(path);
-  if (!in) throw Error(ErrorCode::kNotFound, "cannot open data file " + path);
+  if (!in) throw Error(ErrorCode::kNotFound, "cannot open " + what + " " + path);
   std::string line;
   int64_t number = 0;
   while (std::getline(in, line)) {
@@ -41,18 +53,6 @@ void read_jsonl(const std::string& path, const std::function<void(const nlohmann
   }
 }
 
-std::string string_field(const nlohmann::json& object, const std::string& field, const std::string& path,
-                         int64_t line) {
-  auto it = object.find(field);
-  if (it == object.end() || !it->is_string()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                path + ":" + std::to_string(line) + ": missing string field \"" + field + "\"");
-  }
-  return it->get<std::string>();
-}
-
-}  // namespace
-
 std::string default_data_dir() {
   if (const char* env = std::getenv("LAZYKV_DATA_DIR"); env != nullptr && *env != '\0') return env;
   return (std::filesystem::path(LAZYKV_SOURCE_DIR) / ".." / "shared" / "datasets").lexically_normal().string();
@@ -70,7 +70,7 @@ std::vector<Problem> load_dataset(Dataset dataset, const std::string& data_dir) 
 
 std::vector<Problem> load_gsm8k(const std::string& path) {
   std::vector<Problem> problems;
-  read_jsonl(path, [&](const nlohmann::json& object, int64_t line) {
+  read_jsonl(path, "data file", [&](const nlohmann::json& object, int64_t line) {
     Problem p;
     p.id = "gsm8k/" + std::to_string(problems.size());
     p.question = string_field(object, "question", path, line);
@@ -87,7 +87,7 @@ std::vector<Problem> load_gsm8k(const std::string& path) {
 
 std::vector<Problem> load_math500(const std::string& path) {
   std::vector<Problem> problems;
-  read_jsonl(path, [&](const nlohmann::json& object, int64_t line) {
+  read_jsonl(path, "data file", [&](const nlohmann::json& object, int64_t line) {
     Problem p;
     p.question = string_field(object, "problem", path, line);
     p.gold = string_field(object, "answer", path, line);
@@ -100,7 +100,7 @@ std::vector<Problem> load_math500(const std::string& path) {
 
 std::vector<std::string> load_prompts(const std::string& path) {
   std::vector<std::string> prompts;
-  read_jsonl(path, [&](const nlohmann::json& object, int64_t line) {
+  read_jsonl(path, "data file", [&](const nlohmann::json& object, int64_t line) {
     prompts.push_back(string_field(object, "prompt", path, line));
   });
   return prompts;

@@ -2,6 +2,9 @@
 // JSONL. See shared/datasets/README.md for the files and their fields.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,12 @@ std::vector<Problem> load_dataset(Dataset dataset, const std::string& data_dir);
 std::string dataset_path(Dataset dataset, const std::string& data_dir);
 std::vector<Problem> load_gsm8k(const std::string& path);
 std::vector<Problem> load_math500(const std::string& path);
+
+// Calls on_object(object, line number) for each non-blank line of a JSONL
+// file. Error(kNotFound) "<what> not found: <path>" when missing;
+// Error(kInvalidArgument) "<path>:<line>: ..." for a line that is not a JSON object.
+void read_jsonl(const std::string& path, const std::string& what,
+                const std::function<void(const nlohmann::json&, int64_t)>& on_object);
 
 // Prompts from a JSONL file of {"prompt": "..."} objects (same errors).
 std::vector<std::string> load_prompts(const std::string& path);

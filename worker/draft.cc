@@ -145,7 +145,7 @@ std::vector<DraftRun> run_drafts(ForwardBackend& forward, KvCache& cache, Tensor
   }
   for (size_t i = 0; i < n; ++i) {
     const DraftQueries draft = captures[i]->queries(requests[i].pos);
-    requests[i].policy->end_draft(draft, cache, requests[i].seq);
+    requests[i].policy->end_draft(draft, cache, requests[i].seq, &forward.policy_pool());
   }
   return runs;
 }

@@ -41,6 +41,8 @@ class ForwardBackend {
   virtual std::span<const float> run(std::span<const BatchItem> batch) = 0;
   // Wall seconds in the policies' end_step over all runs.
   virtual double eviction_seconds() const = 0;
+  // The host threads the policies' end_step runs on (layers in parallel).
+  virtual ThreadPool& policy_pool() = 0;
 
   // Called in every run once the pass's keys and values are in the cache and
   // before any policy's end_step may evict: the worker keeps prompt pages
@@ -76,6 +78,7 @@ class ForwardPass final : public ForwardBackend {
   // selection, compaction) over all runs; layers run in parallel, so this is
   // less than the sum of the policies' own CPU time.
   double eviction_seconds() const override { return eviction_seconds_; }
+  ThreadPool& policy_pool() override { return pool_; }
 
   // Called after every layer with its output, the residual stream [rows][n_embd]
   // of the pass's tokens in batch order (lazykv steer measures with it).

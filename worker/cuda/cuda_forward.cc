@@ -1009,6 +1009,8 @@ std::span<const float> CudaForwardPass::run(std::span<const BatchItem> batch) {
 
 double CudaForwardPass::eviction_seconds() const { return impl_->eviction_seconds; }
 
+ThreadPool& CudaForwardPass::policy_pool() { return impl_->pool; }
+
 size_t CudaForwardPass::weight_bytes() const { return impl_->weight_bytes; }
 
 size_t CudaForwardPass::graph_replays() const { return impl_->graphs.replays(); }

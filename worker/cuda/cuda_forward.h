@@ -54,6 +54,7 @@ class CudaForwardPass final : public ForwardBackend {
   // Error(kOutOfMemory) with both as they were (on every rank of a group).
   std::span<const float> run(std::span<const BatchItem> batch) override;
   double eviction_seconds() const override;
+  ThreadPool& policy_pool() override;
   // Bytes of device memory the weights take.
   size_t weight_bytes() const;
   // Passes run by replaying a captured graph.

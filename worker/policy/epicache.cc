@@ -43,22 +43,12 @@ class EpiCachePolicy final : public EvictionPolicy {
     return due_ ? std::span<const int32_t>(episode_->tokens) : std::span<const int32_t>();
   }
 
-  void end_draft(const DraftQueries& draft, KvCache& cache, SeqId seq) override {
-    struct Reset {  // whatever end_step throws, no pointer to the draft stays behind
-      EpiCachePolicy& p;
-      ~Reset() {
-        p.draft_ = nullptr;
-        p.due_ = false;
-      }
-    } reset{*this};
-    draft_ = &draft;
-    for (int layer = 0; layer < shape().n_layer; ++layer) end_step(layer, cache, seq);
-  }
-
  protected:
+  void draft_done() override { due_ = false; }
+
   void select(int layer, std::span<Head> heads, const KvCache& cache, SeqId seq,
               std::vector<std::vector<int32_t>>& keep) override {
-    if (draft_ == nullptr) {  // a block of history is in: compress once the draft comes
+    if (draft() == nullptr) {  // a block of history is in: compress once the draft comes
       if (pass_end() <= episode_->history_len && over_budget(heads)) due_ = true;
       return;
     }
@@ -98,13 +88,13 @@ class EpiCachePolicy final : public EvictionPolicy {
     const int qph = queries_per_head();
     const size_t n = size_t(hd.n), stride = size_t(qph) * size_t(shape().head_dim);
     s.scores.assign(n, 0.0f);
-    if (draft_->tokens == 0) {
+    if (draft()->tokens == 0) {
       std::transform(positions.begin(), positions.end(), s.scores.begin(), [](int32_t p) { return float(p); });
     } else {
-      const std::vector<float>& rows = draft_->heads[size_t(layer) * size_t(heads_per_layer()) + size_t(h)];
+      const std::vector<float>& rows = draft()->heads[size_t(layer) * size_t(heads_per_layer()) + size_t(h)];
       s.probs.resize(size_t(qph) * n);
-      for (int32_t i = 0; i < draft_->tokens; ++i) {
-        cpu::attention_probs(rows.data() + size_t(i) * stride, qph, shape().head_dim, kv, draft_->first_pos + i,
+      for (int32_t i = 0; i < draft()->tokens; ++i) {
+        cpu::attention_probs(rows.data() + size_t(i) * stride, qph, shape().head_dim, kv, draft()->first_pos + i,
                              shape().attn_scale, s.probs.data());
         for (size_t r = 0; r < size_t(qph); ++r) {
           const float* p = s.probs.data() + r * n;
@@ -150,7 +140,6 @@ class EpiCachePolicy final : public EvictionPolicy {
   int32_t budget_, block_, sinks_;
   bool uniform_;
   std::atomic<bool> due_{false};         // a block awaits its draft (layers set it concurrently)
-  const DraftQueries* draft_ = nullptr;  // during end_draft
 };
 
 }  // namespace

@@ -47,24 +47,14 @@ class LaqPolicy final : public EvictionPolicy {
     window_keep(layer, head_state(layer, head), cache.view(seq, layer, head), keep);
   }
 
-  void end_draft(const DraftQueries& draft, KvCache& cache, SeqId seq) override {
-    struct Reset {  // whatever end_step throws, no pointer to the draft stays behind
-      LaqPolicy& p;
-      ~Reset() {
-        p.draft_ = nullptr;
-        std::fill(p.due_step_.begin(), p.due_step_.end(), -1);
-      }
-    } reset{*this};
-    draft_ = &draft;
-    for (int layer = 0; layer < shape().n_layer; ++layer) end_step(layer, cache, seq);
-  }
-
  protected:
+  void draft_done() override { std::fill(due_step_.begin(), due_step_.end(), -1); }
+
   // Layers run concurrently: each touches only its own due_step_ entry.
   void select(int layer, std::span<Head> heads, const KvCache& cache, SeqId seq,
               std::vector<std::vector<int32_t>>& keep) override {
     int32_t& due = due_step_[size_t(layer)];
-    if (draft_ == nullptr) {
+    if (draft() == nullptr) {
       const int32_t t = step();
       const bool stale = due >= 0 && due < t;  // no draft came: compact as SnapKV
       due = -1;
@@ -82,13 +72,15 @@ class LaqPolicy final : public EvictionPolicy {
     for (size_t h = 0; h < heads.size(); ++h) {
       const Head& hd = heads[h];
       if (hd.n <= budget_) continue;
-      if (draft_->tokens == 0) {
+      if (draft()->tokens == 0) {
         window_keep(layer, hd, cache.view(seq, layer, int(h)), keep[h]);
         continue;
       }
-      const std::vector<float>& rows = draft_->heads[size_t(layer) * heads.size() + h];
+      const std::vector<float>& rows = draft()->heads[size_t(layer) * heads.size() + h];
       std::vector<std::pair<int32_t, const float*>> queries;
-      for (int32_t i = 0; i < draft_->tokens; ++i) queries.emplace_back(draft_->first_pos + i, rows.data() + size_t(i) * stride);
+      for (int32_t i = 0; i < draft()->tokens; ++i) {
+        queries.emplace_back(draft()->first_pos + i, rows.data() + size_t(i) * stride);
+      }
       const auto seen = recent_queries(hd);
       const size_t from = seen.size() - std::min(seen.size(), size_t(recent_));
       queries.insert(queries.end(), seen.begin() + std::ptrdiff_t(from), seen.end());
@@ -117,7 +109,6 @@ class LaqPolicy final : public EvictionPolicy {
 
   int32_t budget_, lookahead_, recent_, window_, kernel_, period_;
   std::vector<int32_t> due_step_;        // [layer]: the step whose compression awaits a draft, -1: none
-  const DraftQueries* draft_ = nullptr;  // during end_draft
 };
 
 }  // namespace

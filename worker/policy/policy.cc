@@ -217,7 +217,23 @@ void EvictionPolicy::observe_retention(int, int32_t, std::span<const float>, int
 
 float EvictionPolicy::steering_scale(int32_t, int32_t) { return 0.0f; }
 
-void EvictionPolicy::end_draft(const DraftQueries&, KvCache&, SeqId) {}
+void EvictionPolicy::end_draft(const DraftQueries& draft, KvCache& cache, SeqId seq, ThreadPool* pool) {
+  struct Reset {  // whatever end_step throws, no pointer to the draft stays behind
+    EvictionPolicy& p;
+    ~Reset() {
+      p.draft_done();
+      p.draft_ = nullptr;
+    }
+  } reset{*this};
+  draft_ = &draft;
+  if (pool == nullptr) {
+    for (int layer = 0; layer < shape_.n_layer; ++layer) end_step(layer, cache, seq);
+    return;
+  }
+  pool->parallel_for(shape_.n_layer, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t layer = begin; layer < end; ++layer) end_step(int(layer), cache, seq);
+  });
+}
 
 void EvictionPolicy::before_compact(int, int, const Head&, std::span<const int32_t>, const KvCache&, SeqId) {}
 

@@ -14,6 +14,7 @@
 // position P + t - 1 is step t's query (P = prompt length).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -209,12 +210,19 @@ class EvictionPolicy {
   // policy that compresses between blocks of its prompt (epicache); 0: any.
   // A draft may follow each block (draft_wanted), before anything is sampled.
   virtual int32_t prefill_block(int32_t) const { return 0; }
+  // The prompt tokens the pass at pos feeds: the rest of a prompt of
+  // prompt_len, or at most a block of it.
+  int32_t prompt_chunk(int32_t pos, int32_t prompt_len) const {
+    const int32_t block = prefill_block(pos);
+    return block > 0 ? std::min(block, prompt_len - pos) : prompt_len - pos;
+  }
   // The slots of (layer, head) the draft runs on: keep receives the indices
   // (increasing) of a copy the size of the budget. Every slot by default.
   virtual void draft_slots(int layer, int head, const KvCache& cache, SeqId seq, std::vector<int32_t>& keep);
   // The draft's queries have come (tokens may be fewer than wanted, even 0,
-  // when the cache had no room for them): score and compact every layer.
-  virtual void end_draft(const DraftQueries& draft, KvCache& cache, SeqId seq);
+  // when the cache had no room for them): every layer's end_step runs with
+  // them in draft() (layers in parallel on `pool` when given), then draft_done().
+  void end_draft(const DraftQueries& draft, KvCache& cache, SeqId seq, ThreadPool* pool = nullptr);
 
   // --- reports ---
   int64_t slots() const { return slots_.load(); }  // over all layers and heads
@@ -339,6 +347,11 @@ class EvictionPolicy {
     std::vector<int32_t> index;
   };
   Scratch& scratch(int layer) { return scratch_[size_t(layer)]; }
+  // The draft's queries during end_draft; nullptr in any other step.
+  const DraftQueries* draft() const { return draft_; }
+  // After end_draft's compaction, even one that threw (draft() still set):
+  // forget what asked for the draft.
+  virtual void draft_done() {}
 
  private:
   void point_stats(Head& h) const;  // after the per-slot vectors move
@@ -358,6 +371,7 @@ class EvictionPolicy {
   bool keep_prompt_ = false;
   int64_t peak_slots_ = 0;
   int64_t attended_slot_sum_ = 0, sampling_passes_ = 0;
+  const DraftQueries* draft_ = nullptr;
 };
 
 using PolicyFactory = std::unique_ptr<EvictionPolicy> (*)(const PolicyConfig& config, const PolicyShape& shape);

@@ -210,8 +210,7 @@ class Replay {
   // them (epicache's history), each perhaps followed by a draft.
   void prefill() {
     for (int32_t pos = 0; pos < P_;) {
-      const int32_t block = policy_->prefill_block(pos);
-      const int32_t n = block > 0 ? std::min(block, P_ - pos) : P_ - pos;
+      const int32_t n = policy_->prompt_chunk(pos, P_);
       prompt_pass(pos, n);
       pos += n;
     }

@@ -992,7 +992,6 @@ class DraftGiver final : public EvictionPolicy {
         wants_(wants) {}
   int32_t draft_wanted() const override { return wants_ && !received ? int32_t(given_.size()) : 0; }
   std::span<const int32_t> draft_tokens() const override { return given_; }
-  void end_draft(const DraftQueries& draft, KvCache&, SeqId) override { received = draft; }
   std::vector<std::pair<int32_t, const float*>> kept_queries(int layer, int head) const {
     return recent_queries(head_state(layer, head));
   }
@@ -1000,6 +999,7 @@ class DraftGiver final : public EvictionPolicy {
 
  protected:
   void select(int, std::span<Head>, const KvCache&, SeqId, std::vector<std::vector<int32_t>>&) override {}
+  void draft_done() override { received = *draft(); }
 
  private:
   std::vector<int32_t> given_;
