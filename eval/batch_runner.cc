@@ -99,152 +99,213 @@ void BatchRunner::set_batch(int batch) {
   batch_ = batch;
 }
 
-std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const LogitsCallback& on_logits,
-                                        const ProgressCallback& on_done) {
-  using Clock = std::chrono::steady_clock;
-  const ModelConfig& config = model_.config();
-  KvCache cache({config.n_layer, config.n_head_kv, config.head_dim, 64, 0});
-  ForwardPass forward(model_, cache, pool_, options_.precision);
-  SoloGroup solo;  // the drafts' group
-  const size_t model_vocab = size_t(config.n_vocab);
-  // Embedding rows past the tokenizer's vocabulary (padding) are never sampled or compared.
-  const size_t vocab = std::min(size_t(tokenizer_.n_vocab()), model_vocab);
+namespace {
 
-  std::vector<JobResult> results(jobs.size());
-  std::vector<Active> active;
-  std::vector<BatchItem> items;
-  size_t next_job = 0, done = 0;
-  const auto finish_job = [&](size_t j) {
-    ++done;
-    if (on_done) on_done(j, results[j], done, jobs.size());
-  };
+// One call of BatchRunner::run: the jobs, their results and the running ones.
+class JobsRun {
+ public:
+  JobsRun(const Model& model, const Tokenizer& tokenizer, ThreadPool& pool, cpu::ActivationPrecision precision,
+          int32_t n_ctx, const std::vector<Job>& jobs, const LogitsCallback& on_logits,
+          const ProgressCallback& on_done)
+      : tokenizer_(tokenizer),
+        jobs_(jobs),
+        on_logits_(on_logits),
+        on_done_(on_done),
+        model_(model),
+        n_ctx_(n_ctx),
+        model_vocab_(size_t(model.config().n_vocab)),
+        // Embedding rows past the tokenizer's vocabulary (padding) are never sampled or compared.
+        vocab_(std::min(size_t(tokenizer.n_vocab()), model_vocab_)),
+        cache_({model.config().n_layer, model.config().n_head_kv, model.config().head_dim, 64, 0}),
+        forward_(model, cache_, pool, precision),
+        results_(jobs.size()) {}
 
-  while (next_job < jobs.size() || !active.empty()) {
-    // Admit new jobs up to the batch size.
-    while (int(active.size()) < batch_ && next_job < jobs.size()) {
-      if (jobs[next_job].wait_for_idle && !active.empty()) break;
-      const size_t j = next_job++;
-      const Job& job = jobs[j];
-      JobResult& result = results[j];
+  bool busy() const { return next_job_ < jobs_.size() || !active_.empty(); }
+
+  // Starts new jobs up to `batch` running; a job that cannot run fails here.
+  void admit(int batch) {
+    while (int(active_.size()) < batch && next_job_ < jobs_.size()) {
+      if (jobs_[next_job_].wait_for_idle && !active_.empty()) break;
+      const size_t j = next_job_++;
+      const Job& job = jobs_[j];
       const int32_t steps = job.forced.empty() ? job.max_new_tokens : int32_t(job.forced.size());
-      result.error = check_job(job, steps, n_ctx_, int32_t(model_vocab));
-      std::unique_ptr<EvictionPolicy> policy;
-      if (result.ok()) {
-        try {
-          PolicyShape shape = policy_shape(model_, int32_t(job.prompt.size()), int32_t(job.prompt.size()) + steps);
-          shape.episode = job.episode;
-          policy = make_policy(job.policy, shape);
-        } catch (const Error& e) {
-          result.error = e.what();
-        }
-      }
-      if (!result.ok()) {
-        result.finish = "error";
-        finish_job(j);
-        continue;
-      }
-      if (steps == 0) {
-        result.finish = "length";
-        finish_job(j);
-        continue;
-      }
-      cache.add_sequence(SeqId(j), policy->heads_per_layer());
+      std::unique_ptr<EvictionPolicy> policy = make_job_policy(j, steps);
+      if (policy == nullptr) continue;
+      cache_.add_sequence(SeqId(j), policy->heads_per_layer());
       Active a;
       a.job = j;
       a.policy = std::move(policy);
       a.steps = steps;
       a.loop = LoopDetector(job.forced.empty() ? job.loop_window : 0);
-      active.push_back(std::move(a));
+      active_.push_back(std::move(a));
     }
-    if (active.empty()) continue;
+  }
 
-    items.clear();
-    for (Active& a : active) {
-      const Job& job = jobs[a.job];
+  // One forward pass over every running job: its next prompt block or its
+  // decode token; then each job that finished its prompt samples.
+  void step() {
+    if (active_.empty()) return;  // every job admitted failed
+    items_.clear();
+    for (Active& a : active_) {
+      const Job& job = jobs_[a.job];
       if (a.prefill) {
         a.fed = a.policy->prompt_chunk(a.pos, int32_t(job.prompt.size()));
         const std::span<const int32_t> tokens = std::span(job.prompt).subspan(size_t(a.pos), size_t(a.fed));
-        items.push_back(BatchItem{SeqId(a.job), tokens, a.pos, false, a.policy.get()});
+        items_.push_back(BatchItem{SeqId(a.job), tokens, a.pos, false, a.policy.get()});
       } else {
-        items.push_back(BatchItem{SeqId(a.job), {&a.next, 1}, a.pos, false, a.policy.get()});
+        items_.push_back(BatchItem{SeqId(a.job), {&a.next, 1}, a.pos, false, a.policy.get()});
       }
     }
     const auto t0 = Clock::now();
-    const std::span<const float> logits = forward.run(items);
+    const std::span<const float> logits = forward_.run(items_);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-
-    for (size_t i = 0; i < active.size(); ++i) {
-      Active& a = active[i];
-      const Job& job = jobs[a.job];
-      JobResult& result = results[a.job];
-      if (a.prefill && a.pos + a.fed < int32_t(job.prompt.size())) {  // a block: nothing sampled yet
-        result.prefill_seconds += seconds;
+    for (size_t i = 0; i < active_.size(); ++i) {
+      Active& a = active_[i];
+      if (a.prefill && a.pos + a.fed < int32_t(jobs_[a.job].prompt.size())) {  // a block: nothing sampled yet
+        results_[a.job].prefill_seconds += seconds;
         a.pos += a.fed;
         continue;
       }
-      const std::span<const float> row = logits.subspan(i * model_vocab, vocab);
-      const int32_t index = int32_t(result.tokens.size());
-      if (on_logits) on_logits(a.job, index, row);
-      int32_t token = job.forced.empty() ? argmax(row) : job.forced[size_t(index)];
-      if (job.forced.empty() && job.ban_eos && tokenizer_.is_end_of_generation(token)) {
-        token = -1;  // the best token that does not end the text
-        for (size_t v = 0; v < row.size(); ++v) {
-          if (!tokenizer_.is_end_of_generation(int32_t(v)) && (token < 0 || row[v] > row[size_t(token)])) {
-            token = int32_t(v);
-          }
-        }
-      }
-      result.tokens.push_back(token);
-      if (a.prefill) {
-        result.prefill_seconds += seconds;
-        a.pos = int32_t(job.prompt.size());
-        a.prefill = false;
-      } else {
-        result.decode_seconds += seconds;
-        ++result.decode_steps;
-        ++a.pos;
-      }
-      const bool stop = job.forced.empty() && !job.ban_eos && tokenizer_.is_end_of_generation(token);
-      const bool loop = !stop && a.loop.looping(result.tokens);
-      if (stop || loop || int32_t(result.tokens.size()) == a.steps) {
-        result.finish = stop ? "stop" : loop ? "loop" : "length";
-        result.peak_slots = a.policy->peak_slots();
-        result.peak_kv_bytes = a.policy->peak_slots() * int64_t(cache.slot_bytes());
-        result.mean_slots = a.policy->mean_slots();
-        result.mean_kv_bytes = a.policy->mean_slots() * double(cache.slot_bytes());
-        result.cache_heads = int64_t(config.n_layer) * a.policy->heads_per_layer();
-        result.evicted_slots = a.policy->evicted_slots();
-        result.policy_seconds = a.policy->policy_seconds();
-        result.tiers = a.policy->tier_counters();
-        cache.remove_sequence(SeqId(a.job));
-        a.done = true;
-        finish_job(a.job);
-      } else {
-        a.next = token;
-      }
+      sample(a, logits.subspan(i * model_vocab_, vocab_), seconds);
     }
-    // Drafts after every job sampled (they reuse the pass's logits buffer),
-    // all together; each drafting job is charged their time, as a pass's. A
-    // job between prefill blocks has sampled nothing: its draft is the policy's own.
+  }
+
+  // The drafts the policies ask for after the pass (they reuse its logits
+  // buffer), all together; each drafting job is charged their time, as a
+  // pass's. A job between prompt blocks has sampled nothing: its draft is
+  // the policy's own. Then the finished jobs leave.
+  void draft() {
     std::vector<DraftRequest> drafts;
-    for (const Active& a : active) {
+    for (const Active& a : active_) {
       if (!a.done && a.policy->draft_wanted() > 0) {
         drafts.push_back({SeqId(a.job), a.policy.get(), a.prefill ? -1 : a.next, a.pos});
       }
     }
     if (!drafts.empty()) {
-      const auto d0 = Clock::now();
-      const std::vector<DraftRun> runs = run_drafts(forward, cache, solo, drafts, vocab, model_vocab);
-      const double draft_seconds = std::chrono::duration<double>(Clock::now() - d0).count();
+      const auto t0 = Clock::now();
+      const std::vector<DraftRun> runs = run_drafts(forward_, cache_, solo_, drafts, vocab_, model_vocab_);
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       for (size_t k = 0; k < drafts.size(); ++k) {
-        JobResult& result = results[size_t(drafts[k].seq)];
+        JobResult& result = results_[size_t(drafts[k].seq)];
         result.failed_drafts += runs[k].out_of_memory;
-        (result.decode_steps == 0 ? result.prefill_seconds : result.decode_seconds) += draft_seconds;
+        (result.decode_steps == 0 ? result.prefill_seconds : result.decode_seconds) += seconds;
       }
     }
-    std::erase_if(active, [](const Active& a) { return a.done; });
+    std::erase_if(active_, [](const Active& a) { return a.done; });
   }
-  return results;
+
+  std::vector<JobResult> take_results() { return std::move(results_); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  // The job's policy, or null with the job finished ("error", or "length"
+  // for a job of no steps).
+  std::unique_ptr<EvictionPolicy> make_job_policy(size_t j, int32_t steps) {
+    const Job& job = jobs_[j];
+    JobResult& result = results_[j];
+    result.error = check_job(job, steps, n_ctx_, int32_t(model_vocab_));
+    std::unique_ptr<EvictionPolicy> policy;
+    if (result.ok()) {
+      try {
+        PolicyShape shape = policy_shape(model_, int32_t(job.prompt.size()), int32_t(job.prompt.size()) + steps);
+        shape.episode = job.episode;
+        policy = make_policy(job.policy, shape);
+      } catch (const Error& e) {
+        result.error = e.what();
+      }
+    }
+    if (result.ok() && steps > 0) return policy;
+    result.finish = result.ok() ? "length" : "error";
+    finish_job(j);
+    return nullptr;
+  }
+
+  // The job's next token from its logits row (or the forced one), and the
+  // end of the job when it stops, loops or reaches its length.
+  void sample(Active& a, std::span<const float> row, double seconds) {
+    const Job& job = jobs_[a.job];
+    JobResult& result = results_[a.job];
+    const int32_t index = int32_t(result.tokens.size());
+    if (on_logits_) on_logits_(a.job, index, row);
+    int32_t token = job.forced.empty() ? argmax(row) : job.forced[size_t(index)];
+    if (job.forced.empty() && job.ban_eos && tokenizer_.is_end_of_generation(token)) {
+      token = -1;  // the best token that does not end the text
+      for (size_t v = 0; v < row.size(); ++v) {
+        if (!tokenizer_.is_end_of_generation(int32_t(v)) && (token < 0 || row[v] > row[size_t(token)])) {
+          token = int32_t(v);
+        }
+      }
+    }
+    result.tokens.push_back(token);
+    if (a.prefill) {
+      result.prefill_seconds += seconds;
+      a.pos = int32_t(job.prompt.size());
+      a.prefill = false;
+    } else {
+      result.decode_seconds += seconds;
+      ++result.decode_steps;
+      ++a.pos;
+    }
+    const bool stop = job.forced.empty() && !job.ban_eos && tokenizer_.is_end_of_generation(token);
+    const bool loop = !stop && a.loop.looping(result.tokens);
+    if (stop || loop || int32_t(result.tokens.size()) == a.steps) {
+      result.finish = stop ? "stop" : loop ? "loop" : "length";
+      end_job(a);
+    } else {
+      a.next = token;
+    }
+  }
+
+  // A finished job's memory and policy figures; its sequence leaves the cache.
+  void end_job(Active& a) {
+    JobResult& result = results_[a.job];
+    const EvictionPolicy& policy = *a.policy;
+    result.peak_slots = policy.peak_slots();
+    result.peak_kv_bytes = policy.peak_slots() * int64_t(cache_.slot_bytes());
+    result.mean_slots = policy.mean_slots();
+    result.mean_kv_bytes = policy.mean_slots() * double(cache_.slot_bytes());
+    result.cache_heads = int64_t(model_.config().n_layer) * policy.heads_per_layer();
+    result.evicted_slots = policy.evicted_slots();
+    result.policy_seconds = policy.policy_seconds();
+    result.tiers = policy.tier_counters();
+    cache_.remove_sequence(SeqId(a.job));
+    a.done = true;
+    finish_job(a.job);
+  }
+
+  void finish_job(size_t j) {
+    ++done_;
+    if (on_done_) on_done_(j, results_[j], done_, jobs_.size());
+  }
+
+  const Tokenizer& tokenizer_;
+  const std::vector<Job>& jobs_;
+  const LogitsCallback& on_logits_;
+  const ProgressCallback& on_done_;
+  const Model& model_;
+  const int32_t n_ctx_;
+  const size_t model_vocab_, vocab_;
+  KvCache cache_;
+  ForwardPass forward_;
+  SoloGroup solo_;  // the drafts' group
+  std::vector<JobResult> results_;
+  std::vector<Active> active_;
+  std::vector<BatchItem> items_;
+  size_t next_job_ = 0, done_ = 0;
+};
+
+}  // namespace
+
+std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const LogitsCallback& on_logits,
+                                        const ProgressCallback& on_done) {
+  JobsRun run(model_, tokenizer_, pool_, options_.precision, n_ctx_, jobs, on_logits, on_done);
+  while (run.busy()) {
+    run.admit(batch_);
+    run.step();
+    run.draft();
+  }
+  return run.take_results();
 }
 
 }  // namespace lazykv::eval
