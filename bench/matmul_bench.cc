@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/huge_memory.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
@@ -56,8 +57,9 @@ void BM_Matmul(benchmark::State& state) {
   const auto precision = state.range(5) == 0 ? ActivationPrecision::kF32 : ActivationPrecision::kInt8;
   const int64_t copies = state.range(6);
   const auto matrix = random_weights(type, rows, cols);
-  std::vector<uint8_t> weights(matrix.size() * static_cast<size_t>(copies));
-  for (int64_t c = 0; c < copies; ++c) std::copy(matrix.begin(), matrix.end(), weights.begin() + c * matrix.size());
+  // On huge pages, as a model's weights on the CPU (common/mapped_file.h).
+  HugeMemory weights(matrix.size() * static_cast<size_t>(copies));
+  for (int64_t c = 0; c < copies; ++c) std::copy(matrix.begin(), matrix.end(), weights.data() + c * matrix.size());
   WeightMatrix w{type, rows, cols, weights.data()};
   const auto x = random_floats(static_cast<size_t>(batch * cols), 2);
   std::vector<float> y(static_cast<size_t>(batch * rows));

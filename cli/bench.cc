@@ -306,7 +306,7 @@ int run_bench(const std::vector<std::string>& args) {
   configure_tiers_from_flags(flags);
   const ComputeDevice device = parse_compute_device(flags.get("device"));
   const int cuda_device = check_compute_device(device, int(flags.get_int_in("cuda-device", -1, 1 << 20)), 0);
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), device == ComputeDevice::kCpu ? FilePages::kHuge : FilePages::kMapped);
   ThreadPool pool(int(flags.get_int("threads")));
   Bench bench(*m.model, pool, parse_activations(flags.get("activations")), std::max(1, int(flags.get_int("reps"))),
               device, cuda_device, !flags.get_bool("no-cuda-graphs"));

@@ -26,7 +26,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), FilePages::kHuge);
   const std::vector<int32_t> tokens = text_file_tokens(m, flags.get("input"), flags.get_int("max-tokens"), "calibrate");
   ThreadPool pool(int(flags.get_int("threads")));
   const auto t0 = std::chrono::steady_clock::now();

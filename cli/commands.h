@@ -28,12 +28,13 @@ int run_kvstore(const std::vector<std::string>& args);
 int run_synth_model(const std::vector<std::string>& args);
 
 // A model with its tokenizer: from GGUF metadata, or tokenizer.json for a
-// Hugging Face directory.
+// Hugging Face directory. `pages`: where a GGUF file's weights are read
+// (Model::load); kHuge for a forward pass on the CPU.
 struct LoadedModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
 };
-LoadedModel load_model(const std::string& name_or_path);
+LoadedModel load_model(const std::string& name_or_path, FilePages pages = FilePages::kMapped);
 
 }  // namespace lazykv
 

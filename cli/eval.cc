@@ -119,7 +119,7 @@ int run_fidelity(const std::vector<std::string>& args) {
   }
   if (messages.empty()) throw Error(ErrorCode::kInvalidArgument, "eval fidelity: no prompts");
 
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), FilePages::kHuge);
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& text : messages) prompts.push_back(encode_prompt(m, text, /*chat=*/true));
   eval::BatchRunner runner = make_runner(m, flags);
@@ -199,7 +199,7 @@ int run_accuracy(const std::vector<std::string>& args) {
     throw Error(ErrorCode::kInvalidArgument, "--resume needs the --records file of the run to go on from");
   }
 
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), FilePages::kHuge);
   std::vector<std::vector<int32_t>> prompts;
   for (const eval::Problem& p : problems) {
     prompts.push_back(encode_prompt(m, eval::cot_message(p.question, options.instruction), true));
@@ -275,7 +275,7 @@ int run_conversation(const std::vector<std::string>& args) {
   if (limit < 0) throw Error(ErrorCode::kInvalidArgument, "--limit must be >= 0");
   if (limit > 0 && limit < int64_t(conversations.size())) conversations.resize(size_t(limit));
 
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), FilePages::kHuge);
   const PromptEncoder encoder(*m.tokenizer);
   if (!encoder.has_chat_template()) {
     throw Error(ErrorCode::kInvalidArgument, "eval conversation: the model has no chat template");

@@ -54,7 +54,7 @@ int run_generate(const std::vector<std::string>& args) {
     if (!s.empty()) stops.push_back(s);
   }
 
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), FilePages::kHuge);
   const ModelConfig& config = m.model->config();
   const std::vector<int32_t> prompt = encode_prompt(m, flags.get("prompt"), flags.get_bool("chat"), flags.get("system"));
   const int64_t n_ctx = flags.get_int("ctx") > 0 ? flags.get_int("ctx") : config.n_ctx_train;

@@ -9,10 +9,10 @@
 
 namespace lazykv {
 
-LoadedModel load_model(const std::string& name_or_path) {
+LoadedModel load_model(const std::string& name_or_path, FilePages pages) {
   LoadedModel m;
   const std::string path = resolve_model_path(name_or_path);
-  m.model = Model::load(path);
+  m.model = Model::load(path, pages);
   if (m.model->is_hf_dir()) {
     m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::spec_from_hf_json(path + "/tokenizer.json"));
   } else {

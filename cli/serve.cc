@@ -26,7 +26,7 @@ int run_serve(const std::vector<std::string>& args) {
   const int cuda_device = check_device_flags(flags, 0);  // before the model loads: fail fast
   const sigset_t signals = block_termination_signals();
 
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), cuda_device < 0 ? FilePages::kHuge : FilePages::kMapped);
   const LocalWorkerOptions worker_options = local_worker_options_from_flags(flags, *m.tokenizer);
   LocalWorker worker(*m.model, worker_options);
 

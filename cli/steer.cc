@@ -30,7 +30,7 @@ int run_steer(const std::vector<std::string>& args) {
     std::fputs(flags.usage().c_str(), stdout);
     return 0;
   }
-  LoadedModel m = load_model(flags.get("model"));
+  LoadedModel m = load_model(flags.get("model"), FilePages::kHuge);
   const int n_layer = m.model->config().n_layer;
   const int layer = flags.get_int("layer") >= 0 ? int(flags.get_int("layer")) : int(std::lround(0.7 * n_layer));
   const std::vector<int32_t> tokens = text_file_tokens(m, flags.get("input"), flags.get_int("max-tokens"), "steer");

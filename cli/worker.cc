@@ -56,7 +56,9 @@ int run_worker(const std::vector<std::string>& args) {
   const auto [host, port] = parse_host_port(flags.get("listen"), "--listen");
   const sigset_t signals = block_termination_signals();
 
-  LoadedModel m = load_model(flags.get("model"));
+  // The ranks of a group each read a shard: they share the page cache's copy.
+  const bool private_weights = forward_device < 0 && world == 1;
+  LoadedModel m = load_model(flags.get("model"), private_weights ? FilePages::kHuge : FilePages::kMapped);
   const LocalWorkerOptions options = local_worker_options_from_flags(flags, *m.tokenizer, int(rank));
   // The group forms when the coordinator connects (JoinGroup), and again
   // when it asks after a rank restarted; until then steps are refused.

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -13,7 +14,23 @@
 
 namespace lazykv {
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+namespace {
+
+// The whole file from fd into `to`.
+void read_all(int fd, uint8_t* to, size_t size, const std::string& path) {
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::pread(fd, to + done, std::min<size_t>(size - done, size_t(1) << 30), off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw Error(ErrorCode::kIo, "cannot read '" + path + "': " + (n < 0 ? std::strerror(errno) : "it shrank"));
+    }
+    done += size_t(n);
+  }
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path, FilePages pages) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -26,7 +43,16 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     throw Error(ErrorCode::kIo, "'" + path + "' is not a regular file");
   }
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) {
+  if (size_ > 0 && pages == FilePages::kHuge) {
+    try {
+      copy_ = HugeMemory(size_);
+      read_all(fd, copy_.data(), size_, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    data_ = copy_.data();
+  } else if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
@@ -43,7 +69,8 @@ MappedFile::~MappedFile() { reset(); }
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      copy_(std::move(other.copy_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -51,12 +78,14 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    copy_ = std::move(other.copy_);
   }
   return *this;
 }
 
 void MappedFile::reset() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ != nullptr && copy_.data() == nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  copy_ = HugeMemory();
   data_ = nullptr;
   size_ = 0;
 }

@@ -1,5 +1,6 @@
-// Read-only memory mapping of a whole file (model weights are mapped, never
-// copied). Move-only RAII handle.
+// The bytes of a whole file, read-only: mapped from the page cache, or copied
+// into huge pages (common/huge_memory.h) for the CPU's weight streams.
+// Move-only RAII handle.
 #pragma once
 
 #include <cstddef>
@@ -7,13 +8,22 @@
 #include <span>
 #include <string>
 
+#include "common/huge_memory.h"
+
 namespace lazykv {
+
+// How a file's bytes are held.
+enum class FilePages {
+  kMapped,  // the page cache's 4 KiB pages, mapped: shared with every process that maps the file
+  kHuge,    // copied into HugeMemory: private, and a decode step's weight reads walk few pages
+};
 
 class MappedFile {
  public:
   MappedFile() = default;
-  // Throws Error(kNotFound) if the file is missing, Error(kIo) on other failures.
-  explicit MappedFile(const std::string& path);
+  // Throws Error(kNotFound) if the file is missing, Error(kIo) on other
+  // failures, Error(kOutOfMemory) when kHuge finds no memory for the copy.
+  explicit MappedFile(const std::string& path, FilePages pages = FilePages::kMapped);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;
@@ -24,13 +34,15 @@ class MappedFile {
   size_t size() const { return size_; }
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+  FilePages pages() const { return copy_.data() != nullptr ? FilePages::kHuge : FilePages::kMapped; }
 
  private:
   void reset();
 
   std::string path_;
-  const uint8_t* data_ = nullptr;
+  const uint8_t* data_ = nullptr;  // into the mapping, or copy_
   size_t size_ = 0;
+  HugeMemory copy_;  // kHuge's bytes
 };
 
 }  // namespace lazykv

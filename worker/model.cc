@@ -121,7 +121,7 @@ std::unique_ptr<Model> load_synthetic(const std::string& name) {
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path, FilePages pages) {
   if (is_synthetic_name(path)) {
     std::unique_ptr<Model> m = load_synthetic(path);
     m->path_ = path;
@@ -136,7 +136,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
       invalid("config.json: " + std::string(e.what()));
     }
   } else {
-    m->load_gguf(path);
+    m->load_gguf(path, pages);
   }
   m->finish();
   m->find_calibration_files();
@@ -238,8 +238,8 @@ TokenizerSpec tokenizer_spec_from_gguf(const GgufFile& f) {
   return s;
 }
 
-void Model::load_gguf(const std::string& path) {
-  gguf_ = std::make_unique<GgufFile>(GgufFile::open(path));
+void Model::load_gguf(const std::string& path, FilePages pages) {
+  gguf_ = std::make_unique<GgufFile>(GgufFile::open(path, pages));
   const GgufFile& f = *gguf_;
   ModelConfig& c = config_;
   c.arch_name = f.get_string("general.architecture").value_or("");

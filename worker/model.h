@@ -38,9 +38,11 @@ struct LayerWeights {
 class Model {
  public:
   // path: a .gguf file, a Hugging Face directory or a synthetic model's name
-  // ("synth:<shape>:<type>", made in memory). Throws Error(kInvalidModel)
+  // ("synth:<shape>:<type>", made in memory). A GGUF file's weights are
+  // read where `pages` holds them (kHuge: a private copy on huge pages, for
+  // the CPU's decode; common/mapped_file.h). Throws Error(kInvalidModel)
   // naming the problem for corrupt or unsupported models.
-  static std::unique_ptr<Model> load(const std::string& path);
+  static std::unique_ptr<Model> load(const std::string& path, FilePages pages = FilePages::kMapped);
 
   const ModelConfig& config() const { return config_; }
   // From GGUF metadata; for a HF directory only chat_template/ids may be set
@@ -79,7 +81,7 @@ class Model {
 
  private:
   Model() = default;
-  void load_gguf(const std::string& path);
+  void load_gguf(const std::string& path, FilePages pages);
   void load_hf(const std::string& dir);
   void finish();
   // After finish(): the calibration files beside the model, each into its

@@ -295,25 +295,29 @@ void rows_of(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const TokenP
   tiles<Layout, kPlanes, NT, 1, kPrefetchAhead>(w, r_begin, r_end, tok, y, y_stride);
 }
 
+// The tokens split once per thread, then the chunks it takes.
 template <class Layout, int kPlanes>
-void run(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
-         int64_t y_stride, uint8_t* scratch) {
+void run(const WeightMatrix& w, RowChunks& rows, const float* x, int n_tok, float* y, int64_t y_stride,
+         uint8_t* scratch) {
   TokenPlanes tok[kKQuantPlanesMaxTokens];
   for (int t = 0; t < n_tok; ++t) {
     tok[t] = TokenPlanes(scratch + size_t(t) * TokenPlanes::bytes(w.cols, kPlanes), w.cols, kPlanes);
     split_token<Layout, kPlanes>(x + t * w.cols, w.cols, tok[t]);
   }
-  with_compile_time_count<kKQuantPlanesMaxTokens>(
-      n_tok, [&](auto n) { rows_of<Layout, kPlanes, decltype(n)::value>(w, r_begin, r_end, tok, y, y_stride); });
+  with_compile_time_count<kKQuantPlanesMaxTokens>(n_tok, [&](auto n) {
+    for (int64_t begin, end; rows.next(begin, end);) {
+      rows_of<Layout, kPlanes, decltype(n)::value>(w, begin, end, tok, y, y_stride);
+    }
+  });
 }
 
 template <class Layout>
-void run(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
-         int64_t y_stride, uint8_t* scratch, KQuantPlanes planes) {
+void run(const WeightMatrix& w, RowChunks& rows, const float* x, int n_tok, float* y, int64_t y_stride,
+         uint8_t* scratch, KQuantPlanes planes) {
   if (planes == KQuantPlanes::kExact) {
-    run<Layout, 3>(w, r_begin, r_end, x, n_tok, y, y_stride, scratch);
+    run<Layout, 3>(w, rows, x, n_tok, y, y_stride, scratch);
   } else {
-    run<Layout, 1>(w, r_begin, r_end, x, n_tok, y, y_stride, scratch);
+    run<Layout, 1>(w, rows, x, n_tok, y, y_stride, scratch);
   }
 }
 
@@ -323,13 +327,13 @@ size_t kquant_planes_scratch_bytes(int64_t cols, int n_tok, KQuantPlanes planes)
   return TokenPlanes::bytes(cols, int(planes)) * size_t(n_tok);
 }
 
-void kquant_planes_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
+void kquant_planes_rows(const WeightMatrix& w, RowChunks& rows, const float* x, int n_tok, float* y,
                         int64_t y_stride, void* scratch, KQuantPlanes planes) {
   auto* bytes = static_cast<uint8_t*>(scratch);
   if (w.type == DType::kQ4_K) {
-    run<Q4kLayout>(w, r_begin, r_end, x, n_tok, y, y_stride, bytes, planes);
+    run<Q4kLayout>(w, rows, x, n_tok, y, y_stride, bytes, planes);
   } else {
-    run<Q6kLayout>(w, r_begin, r_end, x, n_tok, y, y_stride, bytes, planes);
+    run<Q6kLayout>(w, rows, x, n_tok, y, y_stride, bytes, planes);
   }
 }
 
@@ -339,8 +343,7 @@ void kquant_planes_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, c
 
 namespace lazykv::cpu {
 size_t kquant_planes_scratch_bytes(int64_t, int, KQuantPlanes) { return 0; }
-void kquant_planes_rows(const WeightMatrix&, int64_t, int64_t, const float*, int, float*, int64_t, void*,
-                        KQuantPlanes) {}
+void kquant_planes_rows(const WeightMatrix&, RowChunks&, const float*, int, float*, int64_t, void*, KQuantPlanes) {}
 }  // namespace lazykv::cpu
 
 #endif

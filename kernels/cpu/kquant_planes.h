@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/row_chunks.h"
 
 namespace lazykv::cpu {
 
@@ -52,10 +53,11 @@ inline bool kquant_planes_take(DType type, int n_tok) {
 // Scratch bytes kquant_planes_rows needs for n_tok tokens of `cols` inputs.
 size_t kquant_planes_scratch_bytes(int64_t cols, int n_tok, KQuantPlanes planes);
 
-// y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and
-// t < n_tok; x is [n_tok][w.cols]; scratch: kquant_planes_scratch_bytes,
-// 64-byte aligned. Only where kquant_planes_take(w.type, n_tok).
-void kquant_planes_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
+// y[t * y_stride + r] = (row r of w) · x[t] for the rows this thread takes
+// from `rows` and t < n_tok; x is [n_tok][w.cols]; scratch (the thread's
+// own): kquant_planes_scratch_bytes, 64-byte aligned. Only where
+// kquant_planes_take(w.type, n_tok).
+void kquant_planes_rows(const WeightMatrix& w, RowChunks& rows, const float* x, int n_tok, float* y,
                         int64_t y_stride, void* scratch, KQuantPlanes planes);
 
 }  // namespace lazykv::cpu

@@ -14,6 +14,7 @@
 #include "kernels/cpu/matmul_f32.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
+#include "kernels/cpu/row_chunks.h"
 
 namespace lazykv::cpu {
 namespace {
@@ -82,9 +83,10 @@ void matmul(const WeightMatrix& w, const float* x, int64_t batch, float* y, void
   if (batch <= 0 || w.rows == 0) return;  // also keeps the f32 kernels' token count in 1..
   if (int8_runs_planes(w, batch, precision)) {  // before matmul_runs_f32, as matmul_scratch_bytes sizes it
     const size_t per_thread = kquant_planes_scratch_bytes(w.cols, int(batch), KQuantPlanes::kInt8);
-    pool.run([&](int thread, int n_threads) {
-      kquant_planes_rows(w, w.rows * thread / n_threads, w.rows * (thread + 1) / n_threads, x, int(batch), y, w.rows,
-                         static_cast<uint8_t*>(scratch) + per_thread * size_t(thread), KQuantPlanes::kInt8);
+    RowChunks rows(0, w.rows, pool.size());
+    pool.run([&](int thread, int) {
+      uint8_t* own = static_cast<uint8_t*>(scratch) + per_thread * size_t(thread);
+      kquant_planes_rows(w, rows, x, int(batch), y, w.rows, own, KQuantPlanes::kInt8);
     });
     return;
   }

@@ -31,6 +31,7 @@
 #include "kernels/cpu/compile_time_count.h"
 #include "kernels/cpu/kquant_planes.h"
 #include "kernels/cpu/kquant_rows.h"
+#include "kernels/cpu/row_chunks.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
@@ -320,10 +321,6 @@ void f32_row(const float* row, int64_t cols, const float* x, int64_t x_stride, f
 // weight row is read from memory once and stays in L1 across the chunks.
 void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                      float* row_buf) {
-  if (kquant_planes_take(w.type, n_tok)) {  // kquant_planes.h: Q4_K and Q6_K on AVX-512 VNNI
-    kquant_planes_rows(w, r_begin, r_end, x, n_tok, y, w.rows, row_buf, KQuantPlanes::kExact);
-    return;
-  }
   if (kquant_rows_take(w.type, n_tok)) {  // kquant_rows.h: Q4_K and Q6_K for the fewest tokens
     kquant_rows_f32(w, r_begin, r_end, x, n_tok, y, w.rows, row_buf);
     return;
@@ -429,11 +426,14 @@ void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, 
   // here. (Not the K-quants: their panels were faster past 8 tokens.)
   const bool streams = w.type == DType::kQ4_0 || w.type == DType::kQ4_1 || w.type == DType::kQ8_0;
   if (batch <= kFusedMaxTokens || (streams && batch <= kFusedStreamMaxTokens)) {
-    // Rows split evenly across threads.
-    pool.run([&](int thread, int n_threads) {
-      const int64_t begin = w.rows * thread / n_threads;
-      const int64_t end = w.rows * (thread + 1) / n_threads;
-      rows_few_tokens(w, begin, end, x, int(batch), y, scratch + per_thread * size_t(thread));
+    RowChunks rows(0, w.rows, pool.size());
+    pool.run([&](int thread, int) {
+      float* buf = scratch + per_thread * size_t(thread);
+      if (kquant_planes_take(w.type, int(batch))) {  // kquant_planes.h: Q4_K and Q6_K on AVX-512 VNNI
+        kquant_planes_rows(w, rows, x, int(batch), y, w.rows, buf, KQuantPlanes::kExact);
+        return;
+      }
+      for (int64_t begin, end; rows.next(begin, end);) rows_few_tokens(w, begin, end, x, int(batch), y, buf);
     });
     return;
   }

@@ -213,9 +213,9 @@ std::optional<double> as_number(const GgufValue& v) {
 
 }  // namespace
 
-GgufFile GgufFile::open(const std::string& path) {
+GgufFile GgufFile::open(const std::string& path, FilePages pages) {
   GgufFile f;
-  f.file_ = MappedFile(path);
+  f.file_ = MappedFile(path, pages);
   with_error_context(ErrorCode::kInvalidModel, path, [&] { f.parse_bytes(f.file_.bytes()); });
   return f;
 }

@@ -49,8 +49,8 @@ struct GgufTensorInfo {
 
 class GgufFile {
  public:
-  // Maps and parses a file.
-  static GgufFile open(const std::string& path);
+  // Maps (or copies into huge pages: common/mapped_file.h) and parses a file.
+  static GgufFile open(const std::string& path, FilePages pages = FilePages::kMapped);
   // Parses bytes the caller keeps alive (fuzzing, tests).
   static GgufFile parse(std::span<const uint8_t> bytes);
 

@@ -56,7 +56,8 @@ struct Planes {
                          int64_t r_begin = 0, int64_t r_end = kRows, int64_t y_stride = kRows) {
     const WeightMatrix w{type, kRows, cols, w_q.data()};
     std::vector<float> y(size_t(n_tok * y_stride), std::nanf(""));
-    kquant_planes_rows(w, r_begin, r_end, x.data(), n_tok, y.data(), y_stride, scratch, planes);
+    RowChunks rows(r_begin, r_end, 1);
+    kquant_planes_rows(w, rows, x.data(), n_tok, y.data(), y_stride, scratch, planes);
     for (size_t i = 0; i < 64; ++i) EXPECT_EQ(scratch[scratch_bytes + i], 0xA5) << "scratch overrun";
     return y;
   }
