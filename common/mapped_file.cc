@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "common/error.h"
@@ -20,12 +21,25 @@ namespace {
 void read_all(int fd, uint8_t* to, size_t size, const std::string& path) {
   for (size_t done = 0; done < size;) {
     const ssize_t n = ::pread(fd, to + done, std::min<size_t>(size - done, size_t(1) << 30), off_t(done));
-    if (n < 0 && errno == EINTR) continue;
+    const int err = errno;
+    if (n < 0 && err == EINTR) continue;
     if (n <= 0) {
-      throw Error(ErrorCode::kIo, "cannot read '" + path + "': " + (n < 0 ? std::strerror(errno) : "it shrank"));
+      throw Error(ErrorCode::kIo, "cannot read '" + path + "': " + (n < 0 ? std::strerror(err) : "it shrank"));
     }
     done += size_t(n);
   }
+}
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unknown.
+size_t available_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    meminfo.ignore(64, '\n');
+  }
+  return 0;
 }
 
 }  // namespace
@@ -43,16 +57,23 @@ MappedFile::MappedFile(const std::string& path, FilePages pages) : path_(path) {
     throw Error(ErrorCode::kIo, "'" + path + "' is not a regular file");
   }
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0 && pages == FilePages::kHuge) {
+  // A copy is private memory the kernel cannot drop under pressure: one over
+  // half of what is available stays a mapping, as does one that finds no memory.
+  const size_t available = pages == FilePages::kHuge ? available_memory() : 0;
+  if (size_ > 0 && pages == FilePages::kHuge && (available == 0 || size_ <= available / 2)) {
     try {
       copy_ = HugeMemory(size_);
       read_all(fd, copy_.data(), size_, path);
-    } catch (...) {
-      ::close(fd);
-      throw;
+      data_ = copy_.data();
+    } catch (const Error& e) {
+      copy_ = HugeMemory();
+      if (e.code() != ErrorCode::kOutOfMemory) {
+        ::close(fd);
+        throw;
+      }
     }
-    data_ = copy_.data();
-  } else if (size_ > 0) {
+  }
+  if (size_ > 0 && data_ == nullptr) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;

@@ -15,7 +15,8 @@ namespace lazykv {
 // How a file's bytes are held.
 enum class FilePages {
   kMapped,  // the page cache's 4 KiB pages, mapped: shared with every process that maps the file
-  kHuge,    // copied into HugeMemory: private, and a decode step's weight reads walk few pages
+  kHuge,    // copied into HugeMemory: private, and a decode step's weight reads walk few pages;
+            // mapped instead when the file is over half the available memory or the copy finds none
 };
 
 class MappedFile {
@@ -34,6 +35,7 @@ class MappedFile {
   size_t size() const { return size_; }
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+  // kHuge when the bytes are a copy (never for an empty file).
   FilePages pages() const { return copy_.data() != nullptr ? FilePages::kHuge : FilePages::kMapped; }
 
  private:

@@ -122,7 +122,8 @@ class JobsRun {
 
   bool busy() const { return next_job_ < jobs_.size() || !active_.empty(); }
 
-  // Starts new jobs up to `batch` running; a job that cannot run fails here.
+  // Starts new jobs up to `batch` running; a job that cannot run fails here
+  // ("error"), as does one of no steps ("length").
   void admit(int batch) {
     while (int(active_.size()) < batch && next_job_ < jobs_.size()) {
       if (jobs_[next_job_].wait_for_idle && !active_.empty()) break;
@@ -174,7 +175,7 @@ class JobsRun {
   // buffer), all together; each drafting job is charged their time, as a
   // pass's. A job between prompt blocks has sampled nothing: its draft is
   // the policy's own. Then the finished jobs leave.
-  void draft() {
+  void run_asked_drafts() {
     std::vector<DraftRequest> drafts;
     for (const Active& a : active_) {
       if (!a.done && a.policy->draft_wanted() > 0) {
@@ -303,7 +304,7 @@ std::vector<JobResult> BatchRunner::run(const std::vector<Job>& jobs, const Logi
   while (run.busy()) {
     run.admit(batch_);
     run.step();
-    run.draft();
+    run.run_asked_drafts();
   }
   return run.take_results();
 }

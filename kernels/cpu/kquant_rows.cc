@@ -342,23 +342,27 @@ void q6k_rows(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float
 // of scratch; one token's permuted activations (w.cols floats) follow them.
 static_assert(kQ4kRowsMaxTokens <= kQ4kSubBlock);
 
-void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
-                     int64_t y_stride, float* scratch, [[maybe_unused]] KQuantRowsWidth width) {
+// The activations prepared once per thread, then the chunks it takes.
+void kquant_rows_f32(const WeightMatrix& w, RowChunks& rows, const float* x, int n_tok, float* y, int64_t y_stride,
+                     float* scratch, [[maybe_unused]] KQuantRowsWidth width) {
+  int64_t begin = 0, end = 0;
   if (w.type == DType::kQ4_K) {
     group_sums(x, w.cols, n_tok, scratch);
 #if defined(__AVX512F__)
     if (n_tok == 1 && width == KQuantRowsWidth::kWidest) {
       float* x_lanes = scratch + w.cols / kQ4kSubBlock;
       permute_for_lanes(x, w.cols, x_lanes);
-      q4k_rows_one_token(w, r_begin, r_end, x_lanes, scratch, y);
+      while (rows.next(begin, end)) q4k_rows_one_token(w, begin, end, x_lanes, scratch, y);
       return;
     }
 #endif
-    with_compile_time_count<kQ4kRowsMaxTokens>(
-        n_tok, [&](auto n) { q4k_rows<decltype(n)::value>(w, r_begin, r_end, x, y, y_stride, scratch); });
+    with_compile_time_count<kQ4kRowsMaxTokens>(n_tok, [&](auto n) {
+      while (rows.next(begin, end)) q4k_rows<decltype(n)::value>(w, begin, end, x, y, y_stride, scratch);
+    });
   } else {
-    with_compile_time_count<kQ6kRowsMaxTokens>(
-        n_tok, [&](auto n) { q6k_rows<decltype(n)::value>(w, r_begin, r_end, x, y, y_stride); });
+    with_compile_time_count<kQ6kRowsMaxTokens>(n_tok, [&](auto n) {
+      while (rows.next(begin, end)) q6k_rows<decltype(n)::value>(w, begin, end, x, y, y_stride);
+    });
   }
 }
 
@@ -367,8 +371,7 @@ void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, cons
 #else  // no AVX2: kHaveKQuantRows is false and nothing calls these
 
 namespace lazykv::cpu {
-void kquant_rows_f32(const WeightMatrix&, int64_t, int64_t, const float*, int, float*, int64_t, float*,
-                     KQuantRowsWidth) {}
+void kquant_rows_f32(const WeightMatrix&, RowChunks&, const float*, int, float*, int64_t, float*, KQuantRowsWidth) {}
 }  // namespace lazykv::cpu
 
 #endif

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/row_chunks.h"
 
 namespace lazykv::cpu {
 
@@ -52,10 +53,10 @@ inline bool kquant_rows_take(DType type, int n_tok) {
 // tile AVX2 machines run.
 enum class KQuantRowsWidth { kWidest, k256 };
 
-// y[t * y_stride + r] = (row r of w) · x[t] for r in [r_begin, r_end) and
-// t < n_tok; x is [n_tok][w.cols]; scratch holds 2 * w.cols floats. Only where
-// kquant_rows_take(w.type, n_tok).
-void kquant_rows_f32(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
-                     int64_t y_stride, float* scratch, KQuantRowsWidth width = KQuantRowsWidth::kWidest);
+// y[t * y_stride + r] = (row r of w) · x[t] for the rows this thread takes
+// from `rows` and t < n_tok; x is [n_tok][w.cols]; scratch (the thread's
+// own) holds 2 * w.cols floats. Only where kquant_rows_take(w.type, n_tok).
+void kquant_rows_f32(const WeightMatrix& w, RowChunks& rows, const float* x, int n_tok, float* y, int64_t y_stride,
+                     float* scratch, KQuantRowsWidth width = KQuantRowsWidth::kWidest);
 
 }  // namespace lazykv::cpu

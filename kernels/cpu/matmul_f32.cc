@@ -321,10 +321,6 @@ void f32_row(const float* row, int64_t cols, const float* x, int64_t x_stride, f
 // weight row is read from memory once and stays in L1 across the chunks.
 void rows_few_tokens(const WeightMatrix& w, int64_t r_begin, int64_t r_end, const float* x, int n_tok, float* y,
                      float* row_buf) {
-  if (kquant_rows_take(w.type, n_tok)) {  // kquant_rows.h: Q4_K and Q6_K for the fewest tokens
-    kquant_rows_f32(w, r_begin, r_end, x, n_tok, y, w.rows, row_buf);
-    return;
-  }
   const int64_t cols = w.cols;
   const size_t stride = row_bytes(w.type, size_t(cols));
   const auto* base = static_cast<const uint8_t*>(w.data);
@@ -431,6 +427,10 @@ void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, 
       float* buf = scratch + per_thread * size_t(thread);
       if (kquant_planes_take(w.type, int(batch))) {  // kquant_planes.h: Q4_K and Q6_K on AVX-512 VNNI
         kquant_planes_rows(w, rows, x, int(batch), y, w.rows, buf, KQuantPlanes::kExact);
+        return;
+      }
+      if (kquant_rows_take(w.type, int(batch))) {  // kquant_rows.h: Q4_K and Q6_K for the fewest tokens
+        kquant_rows_f32(w, rows, x, int(batch), y, w.rows, buf);
         return;
       }
       for (int64_t begin, end; rows.next(begin, end);) rows_few_tokens(w, begin, end, x, int(batch), y, buf);

@@ -1,9 +1,9 @@
 // A matrix's rows handed out in chunks to whichever thread asks next.
-// Equal halves per thread left the one that finished first waiting for the
+// An equal share per thread left the one that finished first waiting for the
 // other (a sibling vCPU busy, a late wake-up): 14% of the main thread's time
 // in a 2-thread decode step of the 1.5B model on a Xeon guest. Chunks are
-// contiguous and a multiple of 16 rows, so a kernel's prefetch and its
-// multi-row tiles work within them as within a thread's half.
+// contiguous and, but for the last, a multiple of 16 rows, so a kernel's
+// prefetch and its multi-row tiles work within them as within a share.
 #pragma once
 
 #include <algorithm>

@@ -44,7 +44,7 @@ class EpiCachePolicy final : public EvictionPolicy {
   }
 
  protected:
-  void draft_done() override { due_ = false; }
+  void draft_done() noexcept override { due_ = false; }
 
   void select(int layer, std::span<Head> heads, const KvCache& cache, SeqId seq,
               std::vector<std::vector<int32_t>>& keep) override {

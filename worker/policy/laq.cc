@@ -48,7 +48,7 @@ class LaqPolicy final : public EvictionPolicy {
   }
 
  protected:
-  void draft_done() override { std::fill(due_step_.begin(), due_step_.end(), -1); }
+  void draft_done() noexcept override { std::fill(due_step_.begin(), due_step_.end(), -1); }
 
   // Layers run concurrently: each touches only its own due_step_ entry.
   void select(int layer, std::span<Head> heads, const KvCache& cache, SeqId seq,

@@ -350,8 +350,8 @@ class EvictionPolicy {
   // The draft's queries during end_draft; nullptr in any other step.
   const DraftQueries* draft() const { return draft_; }
   // After end_draft's compaction, even one that threw (draft() still set):
-  // forget what asked for the draft.
-  virtual void draft_done() {}
+  // forget what asked for the draft. Runs in a destructor: must not throw.
+  virtual void draft_done() noexcept {}
 
  private:
   void point_stats(Head& h) const;  // after the per-slot vectors move

@@ -77,6 +77,27 @@ TEST(MappedFile, AnEmptyOrMissingFile) {
   }
 }
 
+// A file over half the available memory stays a mapping: a private copy
+// could not be dropped under pressure. (Sparse: it takes no disk.)
+TEST(MappedFile, AFileOverHalfTheAvailableMemoryIsMappedNotCopied) {
+  size_t available_kib = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key >> available_kib && key != "MemAvailable:";) meminfo.ignore(64, '\n');
+  if (available_kib == 0) GTEST_SKIP() << "no MemAvailable in /proc/meminfo";
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("lazykv_mapped_sparse_" + std::to_string(::getpid()))).string();
+  std::ofstream(path).put('x');
+  std::filesystem::resize_file(path, available_kib * 1024 / 2 + (size_t(64) << 20));
+  {
+    const MappedFile file(path, FilePages::kHuge);
+    EXPECT_EQ(file.pages(), FilePages::kMapped);
+    EXPECT_EQ(file.size(), std::filesystem::file_size(path));
+    EXPECT_EQ(file.data()[0], 'x');
+    EXPECT_EQ(file.data()[file.size() - 1], 0);
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(HugeMemory, IsWritableAndAligned) {
   HugeMemory memory((size_t(3) << 20) + 1);
   ASSERT_NE(memory.data(), nullptr);

@@ -26,7 +26,8 @@ void check_rows(DType type, int n_tok, KQuantRowsWidth width) {
   const auto w_deq = testing::dequantize(type, w_q, w_f.size());
   const WeightMatrix w{type, rows, cols, w_q.data()};
   std::vector<float> y(size_t(n_tok * rows), std::nanf("")), scratch(2 * size_t(cols));
-  kquant_rows_f32(w, 0, rows, x.data(), n_tok, y.data(), rows, scratch.data(), width);
+  RowChunks chunks(0, rows, 1);
+  kquant_rows_f32(w, chunks, x.data(), n_tok, y.data(), rows, scratch.data(), width);
   for (int t = 0; t < n_tok; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
       double dot = 0.0, magnitude = 0.0;

@@ -999,7 +999,7 @@ class DraftGiver final : public EvictionPolicy {
 
  protected:
   void select(int, std::span<Head>, const KvCache&, SeqId, std::vector<std::vector<int32_t>>&) override {}
-  void draft_done() override { received = *draft(); }
+  void draft_done() noexcept override { received = *draft(); }
 
  private:
   std::vector<int32_t> given_;
