@@ -31,10 +31,10 @@
 #include "kernels/cpu/compile_time_count.h"
 #include "kernels/cpu/kquant_planes.h"
 #include "kernels/cpu/kquant_rows.h"
-#include "kernels/cpu/row_chunks.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
+#include "kernels/cpu/row_chunks.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
