@@ -20,6 +20,7 @@
 #include "common/huge_memory.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/quant.h"
 
 namespace lazykv::cpu {
@@ -134,9 +135,35 @@ void LargerModelShapes(benchmark::internal::Benchmark* b) {
   }
 }
 
+// Prefill shapes of both models with the AMX tiles (matmul_amx.h) on and
+// off, where the CPU has them: the eighth argument.
+void BM_MatmulPrefill(benchmark::State& state) {
+  set_amx_enabled(state.range(7) != 0);
+  if (state.range(7) != 0 && !amx_bf16_usable()) {
+    state.SkipWithError("no AMX-BF16 tiles here");
+    return;
+  }
+  BM_Matmul(state);
+  set_amx_enabled(true);
+}
+
+void PrefillShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "rows", "cols", "batch", "threads", "int8", "copies", "amx"});
+  for (int64_t amx : {0, 1}) {
+    for (int64_t batch : {32, 64, 512}) {
+      b->Args({id(DType::kQ4_1), 1536, 576, batch, 2, 0, 1, amx});   // SmolLM2 MLP gate/up
+      b->Args({id(DType::kQ4_1), 576, 1536, batch, 2, 0, 1, amx});   // MLP down
+      b->Args({id(DType::kQ4_K), 8960, 1536, batch, 2, 0, 1, amx});  // Qwen2.5-1.5B MLP gate/up
+      b->Args({id(DType::kQ6_K), 1536, 8960, batch, 2, 0, 1, amx});  // MLP down
+      b->Args({id(DType::kQ4_K), 256, 1536, batch, 2, 0, 1, amx});   // K/V projection
+    }
+  }
+}
+
 BENCHMARK(BM_Matmul)->Apply(DefaultModelShapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Matmul)->Name("BM_MatmulOtherTypes")->Apply(OtherTypes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Matmul)->Name("BM_MatmulLargerModel")->Apply(LargerModelShapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulPrefill)->Apply(PrefillShapes)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace lazykv::cpu

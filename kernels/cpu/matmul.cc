@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/kquant_planes.h"
+#include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/matmul_f32.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
@@ -59,9 +60,13 @@ static bool int8_runs_planes(const WeightMatrix& w, int64_t batch, ActivationPre
 // faster at 64 tokens (1536x768, 2 threads: Q4_K 1.15 against 1.55-1.90 ms,
 // Q6_K 1.17-1.21 against 1.64-1.93); up to 8 tokens the tiles were level or
 // faster (docs/engine.md, "int8 K-quant tiles").
+// And with int8 activations for every type past kFusedStreamMaxTokens where
+// the AMX tiles run (matmul_amx.h): exact and faster than the int8 tiles
+// (SmolLM2's prefill of 512 tokens: 914 against 363 tok/s).
 bool matmul_runs_f32(const WeightMatrix& w, int64_t batch, ActivationPrecision precision) {
   if (precision == ActivationPrecision::kF32) return true;
   if (int8_runs_planes(w, batch, precision)) return false;
+  if (batch > kFusedStreamMaxTokens && matmul_amx_takes(w, batch)) return true;
   const bool k_quant = w.type == DType::kQ4_K || w.type == DType::kQ6_K;
   // Without tiles (no SIMD) int8 K-quants go one pair at a time, slower than f32 from 3 tokens.
   return k_quant && batch > (simd::has_dot_tile(w.type) ? kInt8KQuantMaxTokens : 2);
@@ -72,7 +77,7 @@ size_t matmul_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads,
   if (int8_runs_planes(w, batch, precision)) {
     return size_t(std::max(1, n_threads)) * kquant_planes_scratch_bytes(w.cols, int(batch), KQuantPlanes::kInt8);
   }
-  if (matmul_runs_f32(w, batch, precision)) return matmul_f32_scratch_bytes(w, n_threads);
+  if (matmul_runs_f32(w, batch, precision)) return matmul_f32_scratch_bytes(w, batch, n_threads);
   if (vec_dot_type(w.type) == DType::kF32) return 0;  // f32 activations are used in place
   return static_cast<size_t>(batch) * act_row_stride(w);
 }

@@ -11,7 +11,8 @@
 //   Q6_K weights take the kF32 path past kInt8KQuantMaxTokens tokens (prefill
 //   chunks, batches of more than 8), where it is faster (matmul_runs_f32);
 //   up to there, on AVX-512 VNNI builds, the one-plane kernels of
-//   kquant_planes.h.
+//   kquant_planes.h. On CPUs with AMX tiles every type takes the kF32 path
+//   past 64 tokens (matmul_amx.h).
 #pragma once
 
 #include <cstddef>

@@ -31,6 +31,7 @@
 #include "kernels/cpu/compile_time_count.h"
 #include "kernels/cpu/kquant_planes.h"
 #include "kernels/cpu/kquant_rows.h"
+#include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_internal.h"
@@ -411,8 +412,9 @@ size_t thread_floats(int64_t cols) {
 
 }  // namespace
 
-size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int n_threads) {
-  return thread_floats(w.cols) * sizeof(float) * size_t(std::max(1, n_threads));
+size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads) {
+  return std::max(thread_floats(w.cols) * sizeof(float) * size_t(std::max(1, n_threads)),
+                  matmul_amx_scratch_bytes(w, batch, n_threads));
 }
 
 void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, float* scratch, ThreadPool& pool) {
@@ -435,6 +437,10 @@ void matmul_f32(const WeightMatrix& w, const float* x, int64_t batch, float* y, 
       }
       for (int64_t begin, end; rows.next(begin, end);) rows_few_tokens(w, begin, end, x, int(batch), y, buf);
     });
+    return;
+  }
+  if (matmul_amx_takes(w, batch)) {  // matmul_amx.h: AMX tiles, where the CPU has them
+    matmul_amx(w, x, batch, y, scratch, pool);
     return;
   }
   const int64_t n_panels = (w.rows + kPanelRows - 1) / kPanelRows;

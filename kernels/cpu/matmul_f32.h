@@ -16,7 +16,7 @@ constexpr int kFusedMaxTokens = 8;
 // (kFusedMaxTokens tokens per pass over the row in L1) instead of packed.
 constexpr int kFusedStreamMaxTokens = 64;
 
-size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int n_threads);
+size_t matmul_f32_scratch_bytes(const WeightMatrix& w, int64_t batch, int n_threads);
 
 // x: [batch][w.cols] f32; y: [batch][w.rows]; scratch: matmul_f32_scratch_bytes
 // for pool.size() threads.

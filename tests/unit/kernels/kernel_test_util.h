@@ -38,6 +38,20 @@ inline const std::vector<DType>& weight_types() {
   return types;
 }
 
+// A weight row's dot with an activation row in double precision, and
+// Σ|w·x|, which bounds what f32 rounding may add to it.
+struct ReferenceDot {
+  double dot = 0.0, magnitude = 0.0;
+};
+inline ReferenceDot reference_dot(const float* w, const float* x, int64_t n) {
+  ReferenceDot r;
+  for (int64_t k = 0; k < n; ++k) {
+    r.dot += double(w[k]) * x[k];
+    r.magnitude += std::fabs(double(w[k]) * x[k]);
+  }
+  return r;
+}
+
 inline bool is_k_quant(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
 
 }  // namespace lazykv::cpu::testing

@@ -58,11 +58,7 @@ void check_matmul(DType type, int64_t rows, int64_t cols, int64_t batch, int thr
     for (int64_t r = 0; r < rows; ++r) dequantize_row(type, w_q.data() + r * w_row, w_deq.data() + r * cols, cols);
     for (int64_t t = 0; t < batch; ++t) {
       for (int64_t r = 0; r < rows; ++r) {
-        double dot = 0.0, magnitude = 0.0;
-        for (int64_t k = 0; k < cols; ++k) {
-          dot += double(w_deq[r * cols + k]) * x[t * cols + k];
-          magnitude += std::fabs(double(w_deq[r * cols + k]) * x[t * cols + k]);
-        }
+        const auto [dot, magnitude] = testing::reference_dot(&w_deq[r * cols], &x[t * cols], cols);
         ASSERT_NEAR(y[t * rows + r], dot, 1e-6 * magnitude + 1e-6) << "row " << r << " token " << t;
       }
     }

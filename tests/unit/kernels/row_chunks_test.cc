@@ -15,7 +15,9 @@ namespace {
 // contiguous, 16-row multiples that start on the range's 16-row grid.
 TEST(RowChunks, EveryRowIsTakenOnceInChunksOfSixteenRows) {
   ThreadPool pool(3);
-  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 1}, {0, 203}, {5, 1541}, {0, 151936}}) {
+  for (const auto& range : {std::pair<int64_t, int64_t>{0, 1}, {0, 203}, {5, 1541}, {0, 151936}}) {
+    // Named copies: clang before 16 cannot capture structured bindings.
+    const int64_t begin = range.first, end = range.second;
     SCOPED_TRACE(std::to_string(begin) + ".." + std::to_string(end));
     RowChunks rows(begin, end, pool.size());
     std::vector<int> taken(size_t(end), 0);
